@@ -1,0 +1,29 @@
+# Set-up and checks. Each target creates .venv and installs what it needs, once.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# A CPU build of torch 2.13.0 lies on these machines; any other version pulls CUDA builds.
+TORCH := torch==2.13.0
+
+.PHONY: test demo soak lint clean
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip >$(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@$(PY) -m pip install -q $(TORCH) >>$(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@$(PY) -m pip install -q -e '.[dev,s3,torch]' >>$(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@touch $(STAMP)
+
+lint: $(STAMP)
+	@$(PY) -m ruff check -q .
+	@$(PY) -m mypy --no-error-summary
+
+test: $(STAMP) lint
+	@$(PY) -m pytest
+
+demo: $(STAMP)
+	@$(VENV)/bin/lakestream demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

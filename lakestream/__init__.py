@@ -1,0 +1,37 @@
+"""Lakestream: a brokerless, object-store-native training data plane with a Delta Lake log."""
+
+from __future__ import annotations
+
+from lakestream.errors import (
+    AlreadyExistsError,
+    CommitConflictError,
+    CommitStateUnknownError,
+    CorruptLogError,
+    LakestreamError,
+    NotFoundError,
+    ProducerFencedError,
+    SchemaMismatchError,
+    StepNotAvailableError,
+    StoreError,
+)
+from lakestream.replay import Marker
+from lakestream.stream import Stream, create, open
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlreadyExistsError",
+    "CommitConflictError",
+    "CommitStateUnknownError",
+    "CorruptLogError",
+    "LakestreamError",
+    "Marker",
+    "NotFoundError",
+    "ProducerFencedError",
+    "SchemaMismatchError",
+    "StepNotAvailableError",
+    "StoreError",
+    "Stream",
+    "create",
+    "open",
+]

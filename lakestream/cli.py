@@ -1,0 +1,138 @@
+"""The ``lakestream`` command: create a stream, show its status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any
+
+import pyarrow as pa
+
+from lakestream.errors import LakestreamError
+from lakestream.snapshot import HINT_KEY
+from lakestream.stream import Stream
+
+_SCALARS = {
+    "bool": pa.bool_(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(),
+    "int64": pa.int64(), "float32": pa.float32(), "float": pa.float32(),
+    "float64": pa.float64(), "double": pa.float64(), "string": pa.string(),
+    "binary": pa.binary(),
+}
+
+
+def parse_type(text: str) -> pa.DataType:
+    """``int64``, ``float32``, ``string``, ``list<int32>``, ... as an Arrow type.
+
+    Raises:
+        ValueError: the type is not one of those.
+    """
+    text = text.strip()
+    m = re.fullmatch(r"list<(.+)>", text)
+    if m:
+        return pa.list_(parse_type(m.group(1)))
+    if text in _SCALARS:
+        return _SCALARS[text]
+    raise ValueError(f"unknown column type {text!r}; use one of {sorted(_SCALARS)} or list<T>")
+
+
+def parse_schema(text: str) -> pa.Schema:
+    """``name:type,name:type!`` (``!`` = not nullable) as an Arrow schema.
+
+    Raises:
+        ValueError: a column is not ``name:type``.
+    """
+    fields = []
+    for part in re.split(r",(?![^<]*>)", text):
+        name, sep, typ = part.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"column {part!r} is not name:type")
+        nullable = not typ.strip().endswith("!")
+        fields.append(pa.field(name.strip(), parse_type(typ.strip().rstrip("!")), nullable))
+    return pa.schema(fields)
+
+
+def _options(args: argparse.Namespace) -> dict[str, str] | None:
+    return dict(kv.split("=", 1) for kv in args.option) if args.option else None
+
+
+def status(stream: Stream) -> dict[str, Any]:
+    """What ``lakestream status`` shows, as a dict."""
+    s = stream.state
+    try:
+        hint = json.loads(stream.store.get(HINT_KEY))["version"]
+    except (LakestreamError, ValueError, KeyError):
+        hint = None
+    return {
+        "uri": stream.uri,
+        "version": s.version,
+        "num_samples": s.next_offset,
+        "num_steps": s.num_steps,
+        "global_batch_size": stream.global_batch_size,
+        "group_size": stream.group_size,
+        "schema": {f.name: str(f.type) for f in stream.schema},
+        "fragments": len(s.fragments),
+        "snapshot_version": hint,
+        "reclaimed_below_offset": s.reclaimed_below,
+        "producers": {p: {"epoch": st.epoch, "seq": st.seq, "state": st.state}
+                      for p, st in sorted(s.producers.items())},
+        "groups": {g: [{"step": m.step, "checkpoint_id": m.checkpoint_id, "version": m.version}
+                       for m in ms] for g, ms in sorted(s.markers.items())},
+    }
+
+
+def _print_status(info: dict[str, Any]) -> None:
+    print(f"stream      {info['uri']}")
+    print(f"version     {info['version']} (snapshot {info['snapshot_version']})")
+    print(f"samples     {info['num_samples']}  steps {info['num_steps']}  "
+          f"(B={info['global_batch_size']}, G={info['group_size']})")
+    print(f"fragments   {info['fragments']}  reclaimed below offset "
+          f"{info['reclaimed_below_offset']}")
+    print(f"producers   {len(info['producers'])}")
+    for p, st in info["producers"].items():
+        print(f"  {p:<24} epoch {st['epoch']:<4} seq {st['seq']:<8} state {st['state']}")
+    print(f"groups      {len(info['groups'])}")
+    for g, ms in info["groups"].items():
+        steps = ", ".join(str(m["step"]) for m in ms[-5:])
+        print(f"  {g:<24} {len(ms)} markers, last resume steps: {steps}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lakestream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("create", help="create a stream")
+    p.add_argument("uri")
+    p.add_argument("--schema", required=True, help="e.g. 'id:int64,tokens:list<int32>'")
+    p.add_argument("--global-batch-size", type=int, required=True)
+    p.add_argument("--group-size", type=int, default=1)
+    p.add_argument("--snapshot-interval", type=int, default=100)
+    p = sub.add_parser("status", help="show a stream's state")
+    p.add_argument("uri")
+    p.add_argument("--json", action="store_true")
+    for p in sub.choices.values():
+        p.add_argument("-o", "--option", action="append", default=[],
+                       help="storage option KEY=VALUE (e.g. AWS_ENDPOINT_URL=...)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "create":
+            s = Stream.create(args.uri, parse_schema(args.schema),
+                              global_batch_size=args.global_batch_size,
+                              group_size=args.group_size,
+                              snapshot_interval=args.snapshot_interval,
+                              storage_options=_options(args))
+            print(f"created {s.uri} (B={s.global_batch_size}, G={s.group_size})")
+        elif args.command == "status":
+            info = status(Stream.open(args.uri, _options(args)))
+            if args.json:
+                print(json.dumps(info, indent=2, default=str))
+            else:
+                _print_status(info)
+    except (LakestreamError, ValueError) as e:
+        print(f"lakestream {args.command}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The error hierarchy: one root, and a class for each failure a user may want to catch."""
+
+from __future__ import annotations
+
+
+class LakestreamError(Exception):
+    """Root of every error Lakestream raises on purpose."""
+
+
+class NotFoundError(LakestreamError, FileNotFoundError):
+    """An object, a stream or a log version does not exist."""
+
+
+class AlreadyExistsError(LakestreamError, FileExistsError):
+    """A create-only write found the object already there (HTTP 412 on S3)."""
+
+
+class StoreError(LakestreamError):
+    """The object store failed after its retries; for a write the outcome is unknown."""
+
+
+class CommitConflictError(LakestreamError):
+    """A commit lost every race it entered until its attempts or deadline ran out."""
+
+
+class CommitStateUnknownError(LakestreamError):
+    """A commit may or may not have landed; the files it references must not be deleted."""
+
+
+class ProducerFencedError(LakestreamError):
+    """A newer instance of the same producer id has opened; this one must stop writing."""
+
+
+class SchemaMismatchError(LakestreamError, ValueError):
+    """Data written does not match the stream's schema."""
+
+
+class StepNotAvailableError(LakestreamError):
+    """A step is not visible yet (or no longer: it was reclaimed)."""
+
+
+class CorruptLogError(LakestreamError):
+    """A log entry, snapshot or fragment cannot be parsed or fails verification."""

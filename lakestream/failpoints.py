@@ -1,0 +1,28 @@
+"""Named crash points: ``LAKESTREAM_FAILPOINT=name`` (or ``name@n`` for the n-th hit) makes
+the process SIGKILL itself there, so crash tests kill real processes at exact places."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+NAMES = ("before_upload", "after_upload", "before_commit", "after_commit", "during_snapshot",
+         "during_gc")
+_hits: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def failpoint(name: str) -> None:
+    """Kills this process with SIGKILL if the environment arms ``name`` (at this hit)."""
+    armed = os.environ.get("LAKESTREAM_FAILPOINT")
+    if not armed:
+        return
+    target, _, nth = armed.partition("@")
+    if target != name:
+        return
+    with _lock:
+        _hits[name] = _hits.get(name, 0) + 1
+        count = _hits[name]
+    if count >= (int(nth) if nth else 1):
+        os.kill(os.getpid(), signal.SIGKILL)

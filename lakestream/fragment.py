@@ -1,0 +1,96 @@
+"""Fragments: encoding a table as one Parquet file, naming it, and reading rows back."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lakestream.errors import CorruptLogError, NotFoundError
+from lakestream.log import DATA_DIR
+from lakestream.store.base import ObjectStore
+
+ROW_GROUP_TARGET_BYTES = 1 << 20
+"""Row groups of about 1 MiB (decoded) let a rank slice read little of a large fragment."""
+
+
+def fragment_key(producer: str, epoch: int, seq: int) -> str:
+    """``data/<producer>/<epoch>-<seq>-<uuid>.parquet``: unique even across zombies."""
+    return f"{DATA_DIR}{producer}/{epoch}-{seq}-{uuid.uuid4().hex}.parquet"
+
+
+def _is_nested(t: pa.DataType) -> bool:
+    return pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zstd",
+                    compression_level: int | None = 1) -> bytes:
+    """Parquet bytes for ``table``, with row groups aligned to ``group_size``.
+
+    Dictionary encoding and statistics are kept for scalar columns (ids, rewards, versions
+    repeat and are cheap to encode) and turned off for list and binary columns (tokens,
+    log-probs, images), where they cost time and save little.
+    """
+    n = table.num_rows
+    per_row = max(1, table.nbytes // max(1, n))
+    rows = max(group_size, (ROW_GROUP_TARGET_BYTES // per_row) // group_size * group_size)
+    scalar = [f.name for f in table.schema if not _is_nested(f.type)]
+    sink = pa.BufferOutputStream()
+    pq.write_table(
+        table,
+        sink,
+        row_group_size=rows,
+        compression=compression,
+        compression_level=compression_level if compression != "none" else None,
+        use_dictionary=scalar,
+        write_statistics=scalar,
+    )
+    return bytes(sink.getvalue().to_pybytes())
+
+
+class FragmentReader:
+    """Reads row ranges of fragments, only the row groups needed; caches Parquet footers."""
+
+    def __init__(self, store: ObjectStore, cache_size: int = 256) -> None:
+        self.store = store
+        self._footers: OrderedDict[str, pq.FileMetaData] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def read(self, path: str, size: int, start: int, stop: int,
+             columns: list[str] | None = None) -> pa.Table:
+        """Rows ``[start, stop)`` of the fragment at ``path``.
+
+        Raises:
+            NotFoundError: the file is gone.
+            CorruptLogError: it is not readable Parquet or holds fewer rows than the log says.
+        """
+        try:
+            with self.store.open_input(path, size) as f:
+                with self._lock:
+                    md = self._footers.get(path)
+                pf = pq.ParquetFile(f, metadata=md)
+                if md is None:
+                    with self._lock:
+                        self._footers[path] = pf.metadata
+                        while len(self._footers) > self._cache_size:
+                            self._footers.popitem(last=False)
+                md = pf.metadata
+                groups, first, at = [], -1, 0
+                for i in range(md.num_row_groups):
+                    n = md.row_group(i).num_rows
+                    if at + n > start and at < stop:
+                        groups.append(i)
+                        first = at if first < 0 else first
+                    at += n
+                if at < stop:
+                    raise ValueError(f"holds {at} rows, the log says at least {stop}")
+                table = pf.read_row_groups(groups, columns=columns, use_threads=False)
+        except NotFoundError:
+            raise
+        except (OSError, pa.ArrowInvalid, ValueError) as e:
+            raise CorruptLogError(f"fragment {path} cannot be read: {e}") from None
+        return table.slice(start - first, stop - start)

@@ -1,0 +1,319 @@
+"""Log entries: frozen records written as Delta Lake actions, one JSON file per version."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from lakestream.errors import CorruptLogError
+from lakestream.schema import decode_schema, delta_schema_string, encode_schema
+from lakestream.store.base import check_key
+
+FORMAT_VERSION = 1
+LOG_DIR = "_delta_log/"
+DATA_DIR = "data/"
+_PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def log_key(version: int) -> str:
+    return f"{LOG_DIR}{version:020d}.json"
+
+
+def new_commit_id() -> str:
+    return uuid.uuid4().hex
+
+
+def check_producer_id(producer_id: str) -> str:
+    """Returns ``producer_id`` if it can name a folder of the stream.
+
+    Raises:
+        ValueError: not 1-128 characters of letters, digits, ``.``, ``_``, ``-``, starting
+            with a letter or digit.
+    """
+    if not isinstance(producer_id, str) or not _PRODUCER_ID.match(producer_id):
+        raise ValueError(
+            f"producer id {producer_id!r} is not valid: use 1-128 letters, digits, '.', '_' or "
+            "'-', starting with a letter or digit"
+        )
+    return producer_id
+
+
+def check_data_key(key: str) -> str:
+    """A fragment key must be a safe key under ``data/``.
+
+    Raises:
+        ValueError: it is not.
+    """
+    check_key(key)
+    if not key.startswith(DATA_DIR) or not key.endswith(".parquet"):
+        raise ValueError(f"fragment key {key!r} is not a .parquet file under {DATA_DIR}")
+    return key
+
+
+@dataclass(frozen=True)
+class StreamMeta:
+    """What version 0 fixes for the life of the stream."""
+
+    schema: pa.Schema
+    global_batch_size: int
+    group_size: int
+    snapshot_interval: int = 100
+    table_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    created_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    def __post_init__(self) -> None:
+        b, g = self.global_batch_size, self.group_size
+        if not isinstance(b, int) or b < 1:
+            raise ValueError(f"global_batch_size must be a positive int, got {b!r}")
+        if not isinstance(g, int) or g < 1 or b % g:
+            raise ValueError(f"group_size must be a positive int dividing {b}, got {g!r}")
+        k = self.snapshot_interval
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"snapshot_interval must be a positive int, got {k!r}")
+
+    def configuration(self) -> dict[str, str]:
+        return {
+            "lakestream.globalBatchSize": str(self.global_batch_size),
+            "lakestream.groupSize": str(self.group_size),
+            "lakestream.formatVersion": str(FORMAT_VERSION),
+            "lakestream.snapshotInterval": str(self.snapshot_interval),
+            "lakestream.arrowSchema": encode_schema(self.schema),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.table_id,
+            "format": {"provider": "parquet", "options": {}},
+            "schemaString": delta_schema_string(self.schema),
+            "partitionColumns": [],
+            "configuration": self.configuration(),
+            "createdTime": self.created_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StreamMeta:
+        conf = d["configuration"]
+        fmt = int(conf.get("lakestream.formatVersion", -1))
+        if fmt < 1 or fmt > FORMAT_VERSION:
+            raise CorruptLogError(
+                f"stream format version {fmt} is not supported by this lakestream "
+                f"(it reads 1..{FORMAT_VERSION}); upgrade lakestream"
+            )
+        return cls(
+            schema=decode_schema(conf["lakestream.arrowSchema"]),
+            global_batch_size=int(conf["lakestream.globalBatchSize"]),
+            group_size=int(conf["lakestream.groupSize"]),
+            snapshot_interval=int(conf.get("lakestream.snapshotInterval", 100)),
+            table_id=d["id"],
+            created_ms=int(d.get("createdTime", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class FragmentRef:
+    """One Parquet file an append adds (or a reclaim removes)."""
+
+    path: str
+    rows: int
+    size: int
+    offset: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Create:
+    meta: StreamMeta
+    commit_id: str = field(default_factory=new_commit_id)
+
+
+@dataclass(frozen=True)
+class Append:
+    """Fragments from one producer epoch; ``producer=None`` is a plain, unfenced append."""
+
+    producer: str | None
+    epoch: int
+    fragments: tuple[FragmentRef, ...]
+    state: Any = None
+    commit_id: str = field(default_factory=new_commit_id)
+
+    @property
+    def first_seq(self) -> int:
+        return self.fragments[0].seq
+
+    @property
+    def last_seq(self) -> int:
+        return self.fragments[-1].seq
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.fragments)
+
+
+@dataclass(frozen=True)
+class Fence:
+    producer: str
+    epoch: int
+    commit_id: str = field(default_factory=new_commit_id)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Group ``group`` has a durable training checkpoint that resumes at ``step``."""
+
+    group: str
+    step: int
+    checkpoint_id: str | None = None
+    commit_id: str = field(default_factory=new_commit_id)
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    below_offset: int
+    removed: tuple[FragmentRef, ...]
+    commit_id: str = field(default_factory=new_commit_id)
+
+
+Entry = Create | Append | Fence | Checkpoint | Reclaim
+
+
+def _add(f: FragmentRef, now_ms: int) -> dict[str, Any]:
+    return {"add": {
+        "path": f.path,
+        "partitionValues": {},
+        "size": f.size,
+        "modificationTime": now_ms,
+        "dataChange": True,
+        "stats": json.dumps({"numRecords": f.rows}),
+        "tags": {"lakestream.offset": str(f.offset), "lakestream.rows": str(f.rows),
+                 "lakestream.seq": str(f.seq)},
+    }}
+
+
+def _remove(f: FragmentRef, now_ms: int) -> dict[str, Any]:
+    return {"remove": {
+        "path": f.path,
+        "deletionTimestamp": now_ms,
+        "dataChange": True,
+        "extendedFileMetadata": True,
+        "partitionValues": {},
+        "size": f.size,
+        "tags": {"lakestream.offset": str(f.offset), "lakestream.rows": str(f.rows),
+                 "lakestream.seq": str(f.seq)},
+    }}
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """The Delta Lake JSON lines of an entry."""
+    now = int(time.time() * 1000)
+    info: dict[str, Any] = {"format": FORMAT_VERSION, "commit_id": entry.commit_id}
+    actions: list[dict[str, Any]] = []
+    operation, params = "WRITE", {"mode": "Append"}
+    if isinstance(entry, Create):
+        info["op"] = "create"
+        operation, params = "CREATE TABLE", {"mode": "ErrorIfExists"}
+        actions = [{"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+                   {"metaData": entry.meta.to_json()}]
+    elif isinstance(entry, Append):
+        info.update(op="append", producer=entry.producer, epoch=entry.epoch,
+                    seq=[entry.first_seq, entry.last_seq], state=entry.state)
+        actions = [_add(f, now) for f in entry.fragments]
+        if entry.producer is not None:
+            actions.append({"txn": {"appId": entry.producer, "version": entry.last_seq,
+                                    "lastUpdated": now}})
+    elif isinstance(entry, Fence):
+        info.update(op="fence", producer=entry.producer, epoch=entry.epoch)
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, Checkpoint):
+        info.update(op="checkpoint", group=entry.group, step=entry.step,
+                    checkpoint_id=entry.checkpoint_id)
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, Reclaim):
+        info.update(op="reclaim", below_offset=entry.below_offset)
+        operation, params = "DELETE", {"predicate": f"offset < {entry.below_offset}"}
+        actions = [_remove(f, now) for f in entry.removed]
+    else:  # pragma: no cover - the union is closed
+        raise TypeError(f"not a log entry: {entry!r}")
+    commit_info = {"commitInfo": {"timestamp": now, "operation": operation,
+                                  "operationParameters": params, "lakestream": info}}
+    lines = [commit_info, *actions]
+    return ("\n".join(json.dumps(a, separators=(",", ":")) for a in lines) + "\n").encode()
+
+
+def _fragment(action: dict[str, Any], version: int) -> FragmentRef:
+    tags = action.get("tags") or {}
+    ref = FragmentRef(
+        path=action["path"],
+        rows=int(tags["lakestream.rows"]),
+        size=int(action["size"]),
+        offset=int(tags["lakestream.offset"]),
+        seq=int(tags["lakestream.seq"]),
+    )
+    try:
+        check_data_key(ref.path)
+    except ValueError as e:
+        raise CorruptLogError(f"log version {version}: {e}") from None
+    if ref.rows < 0 or ref.offset < 0:
+        raise CorruptLogError(f"log version {version}: negative rows or offset in {ref.path}")
+    return ref
+
+
+def decode_entry(version: int, data: bytes) -> Entry:
+    """Parses the JSON lines of log version ``version``.
+
+    Raises:
+        CorruptLogError: the text is not JSON lines, is not a Lakestream entry, has an unknown
+            format version, or names an unsafe key; the message names the version.
+    """
+    try:
+        actions = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for a in actions:
+            if not isinstance(a, dict) or len(a) != 1:
+                raise ValueError(f"not a Delta action: {str(a)[:80]}")
+            (kind, body), = a.items()
+            by_kind.setdefault(kind, []).append(body)
+        infos = by_kind.get("commitInfo", [])
+        if len(infos) != 1 or not isinstance(infos[0].get("lakestream"), dict):
+            raise ValueError("no commitInfo.lakestream: not written by Lakestream")
+        info = infos[0]["lakestream"]
+        fmt = info.get("format")
+        if fmt != FORMAT_VERSION:
+            raise CorruptLogError(
+                f"log version {version} has format version {fmt!r}; this lakestream reads "
+                f"{FORMAT_VERSION}: upgrade lakestream or check the writer"
+            )
+        op, cid = info["op"], str(info["commit_id"])
+        if op == "create":
+            if version != 0:
+                raise ValueError("a create entry past version 0")
+            return Create(StreamMeta.from_json(by_kind["metaData"][0]), cid)
+        if op == "append":
+            frags = tuple(_fragment(a, version) for a in by_kind.get("add", []))
+            if not frags:
+                raise ValueError("an append with no add actions")
+            seqs = [f.seq for f in frags]
+            if info["seq"] != [seqs[0], seqs[-1]]:
+                raise ValueError(f"seq range {info['seq']} disagrees with the adds {seqs}")
+            producer = info["producer"]
+            if producer is not None:
+                check_producer_id(producer)
+            return Append(producer, int(info["epoch"]), frags, info.get("state"), cid)
+        if op == "fence":
+            return Fence(check_producer_id(info["producer"]), int(info["epoch"]), cid)
+        if op == "checkpoint":
+            return Checkpoint(str(info["group"]), int(info["step"]), info.get("checkpoint_id"),
+                              cid)
+        if op == "reclaim":
+            removed = tuple(_fragment(a, version) for a in by_kind.get("remove", []))
+            return Reclaim(int(info["below_offset"]), removed, cid)
+        raise ValueError(f"unknown operation {op!r}")
+    except CorruptLogError:
+        raise
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError) as e:
+        raise CorruptLogError(f"log version {version} cannot be read: {e}") from None

@@ -1,0 +1,194 @@
+"""Replay: the deterministic fold of log entries into the stream's state (DESIGN §3)."""
+
+from __future__ import annotations
+
+import bisect
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lakestream.errors import CorruptLogError
+from lakestream.log import (
+    Append,
+    Checkpoint,
+    Create,
+    Entry,
+    Fence,
+    FragmentRef,
+    Reclaim,
+    StreamMeta,
+)
+
+
+@dataclass
+class ProducerState:
+    epoch: int = 0
+    seq: int = -1
+    state: Any = None
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A checkpoint marker: ``group`` resumes at ``step``; committed at ``version``."""
+
+    group: str
+    step: int
+    checkpoint_id: str | None
+    version: int
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """A live fragment: rows ``[offset, offset + rows)`` of the global order."""
+
+    offset: int
+    rows: int
+    path: str
+    size: int
+    version: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.rows
+
+
+class ReplayState:
+    """The state after replaying versions ``0..version``. ``apply`` mutates; ``copy`` forks."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.meta: StreamMeta | None = None
+        self.next_offset = 0
+        self.fragments: list[Fragment] = []
+        self._starts: list[int] = []
+        self.producers: dict[str, ProducerState] = {}
+        self.markers: dict[str, list[Marker]] = {}
+        self.reclaimed_below = 0
+        self.voided: list[tuple[int, tuple[FragmentRef, ...]]] = []
+        """Void appends (fenced zombies, duplicates) and their files, for maintenance."""
+
+    def copy(self) -> ReplayState:
+        other = copy.copy(self)
+        other.fragments = list(self.fragments)
+        other._starts = list(self._starts)
+        other.producers = {k: copy.copy(v) for k, v in self.producers.items()}
+        other.markers = {k: list(v) for k, v in self.markers.items()}
+        other.voided = list(self.voided)
+        return other
+
+    @property
+    def stream_meta(self) -> StreamMeta:
+        if self.meta is None:
+            raise CorruptLogError("the log has no version 0 (create) entry")
+        return self.meta
+
+    @property
+    def num_steps(self) -> int:
+        return self.next_offset // self.stream_meta.global_batch_size
+
+    def is_void(self, entry: Append) -> bool:
+        """Whether an append would be void on top of this state (fenced or duplicate)."""
+        if entry.producer is None:
+            return False
+        p = self.producers.get(entry.producer)
+        if p is None:
+            return False
+        return entry.epoch < p.epoch or entry.first_seq <= p.seq
+
+    def apply(self, version: int, entry: Entry) -> bool:
+        """Folds in the entry at ``version``; returns False if it was void.
+
+        Raises:
+            CorruptLogError: versions out of order, an entry before version 0, or offsets
+                recorded in the entry that disagree with replay.
+        """
+        if version != self.version + 1:
+            raise CorruptLogError(f"log version {version} replayed after {self.version}")
+        if isinstance(entry, Create):
+            if version != 0:
+                raise CorruptLogError(f"log version {version} re-creates the stream")
+            self.meta = entry.meta
+        elif self.meta is None:
+            raise CorruptLogError(f"log version {version} comes before the stream's creation")
+        applied = True
+        if isinstance(entry, Append):
+            applied = self._append(version, entry)
+        elif isinstance(entry, Fence):
+            p = self.producers.setdefault(entry.producer, ProducerState())
+            applied = entry.epoch > p.epoch
+            if applied:
+                p.epoch = entry.epoch
+        elif isinstance(entry, Checkpoint):
+            self.markers.setdefault(entry.group, []).append(
+                Marker(entry.group, entry.step, entry.checkpoint_id, version))
+        elif isinstance(entry, Reclaim):
+            self._reclaim(version, entry)
+        self.version = version
+        return applied
+
+    def _append(self, version: int, entry: Append) -> bool:
+        if self.is_void(entry):
+            self.voided.append((version, entry.fragments))
+            return False
+        offset = self.next_offset
+        for f in entry.fragments:
+            if f.offset != offset:
+                raise CorruptLogError(
+                    f"log version {version}: fragment {f.path} records offset {f.offset} but "
+                    f"replay places it at {offset}; the log is corrupt"
+                )
+            if f.rows:
+                self.fragments.append(Fragment(offset, f.rows, f.path, f.size, version))
+                self._starts.append(offset)
+            offset += f.rows
+        self.next_offset = offset
+        if entry.producer is not None:
+            p = self.producers.setdefault(entry.producer, ProducerState())
+            p.epoch = max(p.epoch, entry.epoch)
+            p.seq = entry.last_seq
+            p.state = entry.state
+        return True
+
+    def _reclaim(self, version: int, entry: Reclaim) -> None:
+        if entry.below_offset > self.next_offset:
+            raise CorruptLogError(
+                f"log version {version} reclaims below offset {entry.below_offset}, past the "
+                f"end of the stream ({self.next_offset})"
+            )
+        gone = {f.path for f in entry.removed}
+        for f in self.fragments:
+            if f.path in gone and f.end > entry.below_offset:
+                raise CorruptLogError(
+                    f"log version {version} removes {f.path}, which holds offsets past "
+                    f"{entry.below_offset}"
+                )
+        if gone:
+            self.fragments = [f for f in self.fragments if f.path not in gone]
+            self._starts = [f.offset for f in self.fragments]
+            self.voided = [(v, fs) for v, fs in self.voided
+                           if not all(f.path in gone for f in fs)]
+        self.reclaimed_below = max(self.reclaimed_below, entry.below_offset)
+
+    def fragments_between(self, lo: int, hi: int) -> list[Fragment]:
+        """Live fragments overlapping offsets ``[lo, hi)``, in offset order."""
+        i = max(0, bisect.bisect_right(self._starts, lo) - 1)
+        out = []
+        while i < len(self.fragments) and self.fragments[i].offset < hi:
+            if self.fragments[i].end > lo:
+                out.append(self.fragments[i])
+            i += 1
+        return out
+
+    def restore_fragments(self, fragments: list[Fragment]) -> None:
+        """Sets the fragment index (from a snapshot)."""
+        self.fragments = fragments
+        self._starts = [f.offset for f in fragments]
+
+
+def replay(entries: Iterable[tuple[int, Entry]], state: ReplayState | None = None) -> ReplayState:
+    """Folds ``(version, entry)`` pairs, in version order, into ``state`` (or a new one)."""
+    state = state if state is not None else ReplayState()
+    for version, entry in entries:
+        state.apply(version, entry)
+    return state

@@ -1,0 +1,156 @@
+"""Stream schemas: Arrow to Delta schema strings, and checking data against a schema."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from lakestream.errors import SchemaMismatchError
+
+_PRIMITIVES: dict[pa.DataType, str] = {
+    pa.bool_(): "boolean",
+    pa.int8(): "byte",
+    pa.int16(): "short",
+    pa.int32(): "integer",
+    pa.int64(): "long",
+    pa.float32(): "float",
+    pa.float64(): "double",
+    pa.string(): "string",
+    pa.large_string(): "string",
+    pa.binary(): "binary",
+    pa.large_binary(): "binary",
+    pa.date32(): "date",
+}
+
+
+def delta_type(t: pa.DataType) -> Any:
+    """The Delta Lake type of an Arrow type.
+
+    Raises:
+        ValueError: Delta cannot represent the type (unsigned integers, half floats, ...).
+    """
+    if t in _PRIMITIVES:
+        return _PRIMITIVES[t]
+    if pa.types.is_timestamp(t):
+        return "timestamp" if t.tz else "timestamp_ntz"
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return {"type": "array", "elementType": delta_type(t.value_type),
+                "containsNull": t.value_field.nullable}
+    if pa.types.is_struct(t):
+        return {"type": "struct", "fields": [_delta_field(f) for f in t]}
+    if pa.types.is_map(t):
+        return {"type": "map", "keyType": delta_type(t.key_type),
+                "valueType": delta_type(t.item_type), "valueContainsNull": t.item_field.nullable}
+    raise ValueError(f"Arrow type {t} has no Delta Lake equivalent; use a signed or wider type")
+
+
+def _delta_field(f: pa.Field) -> dict[str, Any]:
+    return {"name": f.name, "type": delta_type(f.type), "nullable": f.nullable, "metadata": {}}
+
+
+def delta_schema_string(schema: pa.Schema) -> str:
+    """The ``metaData.schemaString`` of a stream with this Arrow schema."""
+    return json.dumps({"type": "struct", "fields": [_delta_field(f) for f in schema]})
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    """The exact Arrow schema as text (Delta's schema string loses Arrow widths)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def validate_schema(schema: pa.Schema) -> pa.Schema:
+    """Checks a schema can be a stream's schema.
+
+    Raises:
+        ValueError: no columns, duplicate names, or a type Delta cannot represent.
+    """
+    if not isinstance(schema, pa.Schema):
+        raise TypeError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+    if len(schema) == 0:
+        raise ValueError("a stream schema needs at least one column")
+    names = schema.names
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"schema has duplicate column names: {dupes}")
+    for f in schema:
+        delta_type(f.type)
+    return schema
+
+
+def conform(data: Any, schema: pa.Schema, *, where: str) -> pa.Table:
+    """Turns ``data`` (a Table, RecordBatch, list of row dicts or dict of columns) into a
+    Table with exactly ``schema``.
+
+    Raises:
+        SchemaMismatchError: a column is missing, extra, out of order, of another type, or
+            holds nulls where the schema forbids them; the message names the columns.
+        TypeError: ``data`` is none of the accepted kinds.
+    """
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        table = data
+    elif isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
+        rows = list(data)
+        if rows and not all(isinstance(r, Mapping) for r in rows):
+            raise TypeError("a list of samples must hold dicts (one per row)")
+        for r in rows:
+            if set(r) != set(schema.names):
+                _check_names(list(r), schema, where, ordered=False)
+        table = _build(lambda: pa.Table.from_pylist(rows, schema=schema), schema, where)
+    elif isinstance(data, Mapping):
+        _check_names(list(data), schema, where, ordered=False)
+        cols = {n: data[n] for n in schema.names}
+        table = _build(lambda: pa.Table.from_pydict(cols, schema=schema), schema, where)
+    else:
+        raise TypeError(
+            f"cannot write a {type(data).__name__}: pass a pyarrow Table or RecordBatch, "
+            "a list of row dicts, or a dict of columns"
+        )
+    _check_names(table.schema.names, schema, where, ordered=True)
+    wrong = [
+        f"{f.name}: {table.schema.field(f.name).type} (stream has {f.type})"
+        for f in schema
+        if not table.schema.field(f.name).type.equals(f.type)
+    ]
+    if wrong:
+        raise SchemaMismatchError(f"{where}: columns of the wrong type: {'; '.join(wrong)}")
+    nulls = [f.name for f in schema if not f.nullable and table.column(f.name).null_count]
+    if nulls:
+        raise SchemaMismatchError(f"{where}: nulls in non-nullable columns {nulls}")
+    if not table.schema.equals(schema):
+        table = table.cast(schema)
+    return table
+
+
+def _check_names(names: list[str], schema: pa.Schema, where: str, *, ordered: bool) -> None:
+    missing = [n for n in schema.names if n not in names]
+    extra = [n for n in names if n not in schema.names]
+    if missing or extra:
+        raise SchemaMismatchError(
+            f"{where}: missing columns {missing}, unexpected columns {extra}; "
+            f"the stream's columns are {schema.names}"
+        )
+    if ordered and list(names) != schema.names:
+        raise SchemaMismatchError(
+            f"{where}: columns {list(names)} are out of order; the stream's order is "
+            f"{schema.names} (select them in that order)"
+        )
+
+
+def _build(make: Callable[[], pa.Table], schema: pa.Schema, where: str) -> pa.Table:
+    try:
+        return make()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+        raise SchemaMismatchError(f"{where}: data does not fit the stream schema: {e}") from e
+

@@ -1,0 +1,78 @@
+"""The object-store protocol every backend implements, and the rules for object keys."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO, Literal, Protocol
+
+PutMode = Literal["create", "overwrite"]
+"""``create`` writes the whole object or fails with AlreadyExistsError; ``overwrite`` replaces."""
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """What a HEAD or LIST tells about one object."""
+
+    key: str
+    size: int
+    last_modified: float
+    """Seconds since the epoch, by the store's own clock."""
+
+
+class ObjectStore(Protocol):
+    """A flat key space rooted at one stream; keys are relative, ``/``-separated.
+
+    Every backend maps its own failures onto ``NotFoundError``, ``AlreadyExistsError`` and
+    ``StoreError``; nothing above the store sees a backend exception.
+    """
+
+    @property
+    def uri(self) -> str: ...
+
+    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> None:
+        """Writes ``data`` atomically; with ``mode="create"`` only if ``key`` is absent."""
+        ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Returns bytes ``[start, end)``."""
+        ...
+
+    def head(self, key: str) -> ObjectMeta: ...
+
+    def list(self, prefix: str) -> Iterator[ObjectMeta]:
+        """Yields the objects under ``prefix`` (a folder, ending in ``/``), in key order."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Deletes ``key``; deleting an absent key is not an error."""
+        ...
+
+    def open_input(self, key: str, size: int | None = None) -> BinaryIO:
+        """A seekable binary reader for Parquet; S3 reads only the ranges asked for."""
+        ...
+
+
+def check_key(key: str) -> str:
+    """Returns ``key`` if it is a safe relative key inside the stream root.
+
+    Raises:
+        ValueError: the key is empty, absolute, has a ``.``/``..`` segment (also
+            percent-encoded), a backslash or a control character.
+    """
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"object key must be a non-empty string, got {key!r}")
+    if key.startswith("/") or "://" in key:
+        raise ValueError(f"object key {key!r} is absolute; keys are relative to the stream root")
+    if _CONTROL.search(key):
+        raise ValueError(f"object key {key!r} has a control character or backslash")
+    for part in key.split("/"):
+        decoded = part.lower().replace("%2e", ".")
+        if part == "" or decoded in (".", ".."):
+            raise ValueError(f"object key {key!r} has an empty, '.' or '..' segment")
+    return key

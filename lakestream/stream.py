@@ -1,0 +1,264 @@
+"""The Stream handle: create, open, append, read steps, mark checkpoints."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pyarrow as pa
+
+from lakestream.errors import AlreadyExistsError, CommitStateUnknownError, StepNotAvailableError
+from lakestream.fragment import FragmentReader, encode_fragment, fragment_key
+from lakestream.log import (
+    Append,
+    Checkpoint,
+    Create,
+    Entry,
+    FragmentRef,
+    StreamMeta,
+    encode_entry,
+    log_key,
+)
+from lakestream.plan import check_world, plan_rows, slice_offsets
+from lakestream.replay import Fragment, Marker, ReplayState
+from lakestream.schema import conform, validate_schema
+from lakestream.snapshot import load_state, read_tail, write_snapshot
+from lakestream.store import ObjectStore, open_store
+from lakestream.transaction import Build, CommitOptions, CommitResult, commit
+
+ANONYMOUS = "_append"
+"""The data folder of ``Stream.append`` (plain appends belong to no producer)."""
+
+
+class Stream:
+    """A handle on one stream. Thread-safe; its view advances on ``refresh`` and commits.
+
+    Guarantees: every handle derives the same offsets and steps from the same log (replay
+    is deterministic); a step is visible to all readers once committed offsets reach its
+    end; commits are atomic (an entry is put-if-absent as one object).
+    """
+
+    def __init__(self, uri: str, store: ObjectStore, state: ReplayState) -> None:
+        self.uri = uri
+        self.store = store
+        self._state = state
+        self._lock = threading.RLock()
+        self._reader = FragmentReader(store)
+
+    # -- opening -----------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, uri: str, schema: pa.Schema, *, global_batch_size: int, group_size: int = 1,
+               snapshot_interval: int = 100,
+               storage_options: dict[str, str] | None = None) -> Stream:
+        """Creates a stream at ``uri`` (version 0) and returns a handle on it.
+
+        Raises:
+            AlreadyExistsError: a stream already exists at ``uri``.
+            ValueError: the schema, batch size, group size or interval are not valid.
+        """
+        meta = StreamMeta(validate_schema(schema), global_batch_size, group_size,
+                          snapshot_interval)
+        store = open_store(uri, storage_options)
+        entry = Create(meta)
+        try:
+            store.put(log_key(0), encode_entry(entry), mode="create")
+        except AlreadyExistsError:
+            raise AlreadyExistsError(
+                f"a stream already exists at {uri}; open it with lakestream.open"
+            ) from None
+        state = ReplayState()
+        state.apply(0, entry)
+        write_snapshot(store, state)
+        return cls(uri, store, state)
+
+    @classmethod
+    def open(cls, uri: str, storage_options: dict[str, str] | None = None) -> Stream:
+        """Opens the stream at ``uri``; costs O(1) store requests in the log's length.
+
+        Raises:
+            NotFoundError: no stream exists there.
+            CorruptLogError: the log cannot be replayed.
+        """
+        store = open_store(uri, storage_options)
+        return cls(uri, store, load_state(store, uri))
+
+    def refresh(self) -> int:
+        """Reads entries committed since the last look; returns the version now seen."""
+        with self._lock:
+            read_tail(self.store, self._state)
+            return self._state.version
+
+    # -- what the stream holds -----------------------------------------------------------
+
+    @property
+    def state(self) -> ReplayState:
+        """The replay state (read-only by convention; copy it to experiment)."""
+        return self._state
+
+    @property
+    def meta(self) -> StreamMeta:
+        return self._state.stream_meta
+
+    @property
+    def version(self) -> int:
+        return self._state.version
+
+    @property
+    def num_samples(self) -> int:
+        return self._state.next_offset
+
+    @property
+    def num_steps(self) -> int:
+        return self._state.num_steps
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.meta.schema
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.meta.global_batch_size
+
+    @property
+    def group_size(self) -> int:
+        return self.meta.group_size
+
+    @property
+    def producers(self) -> dict[str, tuple[int, int, Any]]:
+        """``{producer_id: (epoch, seq, state)}``: the last committed seq and user state."""
+        with self._lock:
+            return {k: (p.epoch, p.seq, p.state) for k, p in self._state.producers.items()}
+
+    def checkpoints(self, group: str) -> list[Marker]:
+        """The checkpoint markers of ``group``, oldest first."""
+        with self._lock:
+            return list(self._state.markers.get(group, []))
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def commit(self, build: Build, options: CommitOptions | None = None) -> CommitResult | None:
+        """Runs the commit loop on this handle's state (see ``transaction.commit``)."""
+        with self._lock:
+            return commit(self.store, self._state, build, options)
+
+    def append(self, data: Any) -> int:
+        """Writes ``data`` as one fragment and commits it; returns the version.
+
+        Atomic: all rows get consecutive offsets, or none is committed.
+
+        Raises:
+            SchemaMismatchError: ``data`` does not fit the schema (nothing is uploaded).
+            ValueError: the row count is not a multiple of the group size, or is zero.
+            CommitConflictError, CommitStateUnknownError: the commit did not land, or may not
+                have.
+        """
+        table = conform(data, self.schema, where=f"append to {self.uri}")
+        rows, g = table.num_rows, self.group_size
+        if rows == 0 or rows % g:
+            raise ValueError(
+                f"append to {self.uri}: {rows} rows is not a positive multiple of the group "
+                f"size {g}"
+            )
+        key = fragment_key(ANONYMOUS, 0, 0)
+        body = encode_fragment(table, g)
+        self.store.put(key, body, mode="create")
+
+        def build(state: ReplayState, commit_id: str) -> Entry:
+            ref = FragmentRef(key, rows, len(body), state.next_offset, 0)
+            return Append(None, 0, (ref,), None, commit_id)
+
+        try:
+            result = self.commit(build)
+        except CommitStateUnknownError:
+            raise
+        except BaseException:
+            self.store.delete(key)  # a definite failure: the file is an orphan now
+            raise
+        assert result is not None
+        return result.version
+
+    def mark_checkpoint(self, group: str, step: int, checkpoint_id: str | None = None) -> int:
+        """Records that ``group`` has a durable checkpoint resuming at ``step``; returns the
+        version. Call it after the training checkpoint is saved.
+
+        Raises:
+            ValueError: ``group`` is empty or ``step`` is negative or past the visible steps.
+        """
+        if not isinstance(group, str) or not group:
+            raise ValueError(f"group must be a non-empty string, got {group!r}")
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        if step > self.num_steps:
+            self.refresh()
+        if step > self.num_steps:
+            raise ValueError(
+                f"checkpoint step {step} of group {group!r} is past the {self.num_steps} steps "
+                f"visible in {self.uri}; a checkpoint resumes at a step already readable"
+            )
+        result = self.commit(lambda _s, cid: Checkpoint(group, step, checkpoint_id, cid))
+        assert result is not None
+        return result.version
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read_step(self, step: int, rank: int = 0, world_size: int = 1,
+                  columns: list[str] | None = None) -> pa.Table:
+        """Rank ``rank`` of ``world_size``'s slice of global batch ``step``.
+
+        Every rank of every reader gets the same rows for the same (step, rank, world_size);
+        the slices of all ranks partition the step.
+
+        Raises:
+            StepNotAvailableError: the step is not committed yet, or was reclaimed.
+            ValueError: world_size does not divide B, or splits a group.
+        """
+        b = self.global_batch_size
+        check_world(b, self.group_size, world_size)
+        span = slice_offsets(step, b, rank, world_size)
+        with self._lock:
+            if span.stop > self._state.next_offset:
+                read_tail(self.store, self._state)
+            fragments = self._visible(step, span.start, span.stop)
+        if columns is not None:
+            unknown = [c for c in columns if c not in self.schema.names]
+            if unknown:
+                raise ValueError(f"unknown columns {unknown}; the stream has {self.schema.names}")
+        parts = [
+            self._reader.read(fragments[r.index].path, fragments[r.index].size, r.start, r.stop,
+                              columns)
+            for r in plan_rows(fragments, span.start, span.stop)
+        ]
+        schema = self.schema if columns is None else pa.schema(
+            [self.schema.field(c) for c in columns])
+        return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def _visible(self, step: int, lo: int, hi: int) -> list[Fragment]:
+        s = self._state
+        b = self.global_batch_size
+        if lo < s.reclaimed_below:
+            raise StepNotAvailableError(
+                f"step {step} of {self.uri} was reclaimed by retention: data below step "
+                f"{-(-s.reclaimed_below // b)} is gone; resume from a retained checkpoint"
+            )
+        if hi > s.next_offset:
+            raise StepNotAvailableError(
+                f"step {step} of {self.uri} is not visible yet: {s.num_steps} steps are "
+                f"committed (version {s.version})"
+            )
+        return s.fragments_between(lo, hi)
+
+
+def create(uri: str, schema: pa.Schema, global_batch_size: int, group_size: int = 1,
+           storage_options: dict[str, str] | None = None, *,
+           snapshot_interval: int = 100) -> Stream:
+    """Creates a stream; see ``Stream.create``."""
+    return Stream.create(uri, schema, global_batch_size=global_batch_size,
+                         group_size=group_size, snapshot_interval=snapshot_interval,
+                         storage_options=storage_options)
+
+
+def open(uri: str, storage_options: dict[str, str] | None = None) -> Stream:  # noqa: A001
+    """Opens a stream; see ``Stream.open``."""
+    return Stream.open(uri, storage_options)
+

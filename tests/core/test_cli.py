@@ -1,0 +1,50 @@
+"""The command line: create and status, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+
+import lakestream
+from lakestream.cli import main, parse_schema
+from tests.helpers import rows
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lakestream.cli", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_create_then_status(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    uri = str(tmp_path / "s")
+    out = _cli("create", uri, "--schema", "id:int64,tokens:list<int32>,reward:float32",
+               "--global-batch-size", "4")
+    assert out.returncode == 0, out.stderr
+    s = lakestream.open(uri)
+    s.append(rows(0, 4))
+    s.mark_checkpoint("train", 1, "c1")
+    info = json.loads(_cli("status", uri, "--json").stdout)
+    assert (info["version"], info["num_samples"], info["num_steps"]) == (2, 4, 1)
+    assert info["groups"]["train"][0]["step"] == 1 and info["snapshot_version"] == 0
+    text = _cli("status", uri).stdout
+    assert "samples     4  steps 1" in text and "train" in text
+
+
+def test_errors_are_one_line_and_exit_2(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["status", str(tmp_path / "missing")]) == 2
+    assert "no Lakestream stream" in capsys.readouterr().err
+    assert main(["create", str(tmp_path / "s"), "--schema", "a:uint8",
+                 "--global-batch-size", "4"]) == 2
+    assert "unknown column type 'uint8'" in capsys.readouterr().err
+
+
+def test_schema_grammar() -> None:
+    assert parse_schema("a:int64!,b:list<float32>,c:string") == pa.schema([
+        pa.field("a", pa.int64(), nullable=False), ("b", pa.list_(pa.float32())),
+        ("c", pa.string())])
+    with pytest.raises(ValueError, match="not name:type"):
+        parse_schema("a")

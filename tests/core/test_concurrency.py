@@ -1,0 +1,62 @@
+"""Racing writers: gapless versions and every appended row exactly once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import lakestream
+from lakestream.errors import NotFoundError
+from lakestream.log import log_key
+from tests.helpers import SCHEMA, delta_ids, rows
+
+WRITERS, APPENDS, ROWS = 4, 8, 2
+
+
+def _append_many(uri: str, options: dict[str, str] | None, writer: int) -> None:
+    s = lakestream.open(uri, options)
+    for k in range(APPENDS):
+        s.append(rows(1000 * writer + ROWS * k, ROWS))
+
+
+def _check(uri: str, options: dict[str, str] | None) -> None:
+    s = lakestream.open(uri, options)
+    total = WRITERS * APPENDS
+    assert s.version == total
+    for v in range(total + 1):
+        s.store.head(log_key(v))  # gapless: every version exists ...
+    try:
+        s.store.head(log_key(total + 1))
+        raise AssertionError("a version past the last commit exists")
+    except NotFoundError:
+        pass  # ... and nothing after the last
+    expected = sorted(1000 * w + i for w in range(WRITERS) for i in range(APPENDS * ROWS))
+    got = sorted(i for step in range(s.num_steps) for i in s.read_step(step).column("id").to_pylist())
+    assert got == expected
+    assert delta_ids(uri, options) == expected
+
+
+def test_threads_race_to_append(backend) -> None:  # type: ignore[no-untyped-def]
+    uri = backend.uri()
+    lakestream.create(uri, SCHEMA, global_batch_size=2, storage_options=backend.options)
+    threads = [threading.Thread(target=_append_many, args=(uri, backend.options, w))
+               for w in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _check(uri, backend.options)
+
+
+def test_processes_race_to_append(backend) -> None:  # type: ignore[no-untyped-def]
+    uri = backend.uri()
+    lakestream.create(uri, SCHEMA, global_batch_size=2, storage_options=backend.options)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(uri, backend.options, w))
+             for w in range(WRITERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * WRITERS
+    _check(uri, backend.options)

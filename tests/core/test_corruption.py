@@ -1,0 +1,90 @@
+"""Entries that cannot be interpreted fail loudly, naming the version."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import lakestream
+from lakestream.errors import CorruptLogError
+from lakestream.log import log_key
+from lakestream.snapshot import snapshot_key
+from tests.helpers import SCHEMA, ids, rows
+
+
+@pytest.fixture
+def stream(tmp_path):  # type: ignore[no-untyped-def]
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    s.append(rows(0, 4))
+    s.append(rows(4, 4))
+    return s
+
+
+def _rewrite(stream, version: int, edit) -> None:  # type: ignore[no-untyped-def]
+    lines = [json.loads(x) for x in stream.store.get(log_key(version)).splitlines()]
+    stream.store.put(log_key(version), edit(lines))
+
+
+def _dump(lines) -> bytes:  # type: ignore[no-untyped-def]
+    return b"\n".join(json.dumps(x).encode() for x in lines)
+
+
+def _tag(lines, key, value):  # type: ignore[no-untyped-def]
+    for a in lines:
+        if "add" in a:
+            a["add"]["tags"][key] = value
+            if key == "path":
+                a["add"]["path"] = value
+    return _dump(lines)
+
+
+def _path(lines, value):  # type: ignore[no-untyped-def]
+    for a in lines:
+        if "add" in a:
+            a["add"]["path"] = value
+    return _dump(lines)
+
+
+def _format(lines, value):  # type: ignore[no-untyped-def]
+    lines[0]["commitInfo"]["lakestream"]["format"] = value
+    return _dump(lines)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda lines: _dump(lines)[:40], "log version 2 cannot be read"),
+    (lambda lines: b"", "log version 2 cannot be read"),
+    (lambda lines: _tag(lines, "lakestream.offset", "5"), "records offset 5 .* at 4"),
+    (lambda lines: _format(lines, 99), "log version 2 has format version 99"),
+    (lambda lines: _path(lines, "data/../../etc/passwd.parquet"), "log version 2: .*'\\.\\.'"),
+    (lambda lines: _path(lines, "/etc/x.parquet"), "log version 2: .*absolute"),
+    (lambda lines: _path(lines, "s3://other-bucket/data/x.parquet"), "log version 2: .*absolute"),
+    (lambda lines: _path(lines, "_delta_log/x.parquet"), "log version 2: .*not a .parquet file"),
+    (lambda lines: _dump([{"add": lines[1]["add"]}]), "log version 2 .*not written by Lakestream"),
+])
+def test_corrupt_entries_raise_naming_the_version(stream, edit, match) -> None:  # type: ignore[no-untyped-def]
+    _rewrite(stream, 2, edit)
+    with pytest.raises(CorruptLogError, match=match):
+        lakestream.open(stream.uri)
+
+
+def test_a_writer_behind_a_corrupt_entry_commits_nothing(stream) -> None:  # type: ignore[no-untyped-def]
+    behind = lakestream.open(stream.uri)
+    stream.store.put(log_key(3), b"{not json")
+    with pytest.raises(CorruptLogError, match="log version 3"):
+        behind.append(rows(8, 4))
+    with pytest.raises(CorruptLogError):
+        stream.refresh()
+    assert behind.version == 2
+    assert len(list(stream.store.list("data/"))) == 2  # its upload was deleted, not orphaned
+    with pytest.raises(lakestream.NotFoundError):
+        stream.store.head(log_key(4))
+
+
+def test_a_corrupt_snapshot_falls_back_to_an_older_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4, snapshot_interval=2)
+    for i in range(5):
+        s.append(rows(4 * i, 4))
+    s.store.put(snapshot_key(4), b"PAR1 garbage")
+    reopened = lakestream.open(s.uri)
+    assert reopened.version == 5 and ids(reopened.read_step(4)) == [16, 17, 18, 19]

@@ -1,0 +1,79 @@
+"""The store contract, run over every backend."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lakestream.errors import AlreadyExistsError, NotFoundError
+from lakestream.store import check_key, open_store
+
+
+@pytest.fixture
+def store(backend):  # type: ignore[no-untyped-def]
+    return open_store(backend.uri("store"), backend.options)
+
+
+def test_put_get_head_list_delete(store) -> None:  # type: ignore[no-untyped-def]
+    store.put("a/b/one", b"hello")
+    store.put("a/two", b"world!", mode="create")
+    assert store.get("a/b/one") == b"hello"
+    assert store.get_range("a/two", 1, 4) == b"orl"
+    meta = store.head("a/two")
+    assert meta.size == 6 and meta.last_modified > 0
+    assert [m.key for m in store.list("a/")] == ["a/b/one", "a/two"]
+    store.put("a/b/one", b"replaced", mode="overwrite")
+    assert store.get("a/b/one") == b"replaced"
+    store.delete("a/b/one")
+    store.delete("a/b/one")  # deleting an absent key is not an error
+    with pytest.raises(NotFoundError):
+        store.get("a/b/one")
+    with pytest.raises(NotFoundError):
+        store.head("missing")
+
+
+def test_second_create_of_a_key_fails(store) -> None:  # type: ignore[no-untyped-def]
+    """Canary: the endpoint honours If-None-Match, else every race test is meaningless."""
+    store.put("log/0", b"first", mode="create")
+    with pytest.raises(AlreadyExistsError):
+        store.put("log/0", b"second", mode="create")
+    assert store.get("log/0") == b"first"
+
+
+def test_exactly_one_racing_create_wins(store) -> None:  # type: ignore[no-untyped-def]
+    wins: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        for k in range(20):
+            try:
+                store.put(f"race/{k}", str(i).encode(), mode="create")
+                wins.append(k)
+            except AlreadyExistsError:
+                pass
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(wins) == list(range(20))
+
+
+def test_open_input_reads_ranges(store) -> None:  # type: ignore[no-untyped-def]
+    data = bytes(range(256)) * 1000
+    store.put("blob", data)
+    with store.open_input("blob", len(data)) as f:
+        f.seek(1000)
+        assert f.read(10) == data[1000:1010]
+        f.seek(-5, 2)
+        assert f.read() == data[-5:]
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "..", "a/./b", "a//b", "a/%2E%2e/b",
+                                 "a\\b", "a\x00b", "a\nb", "s3://other/x"])
+def test_unsafe_keys_are_rejected(key: str) -> None:
+    with pytest.raises(ValueError):
+        check_key(key)

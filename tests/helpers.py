@@ -1,0 +1,54 @@
+"""Small builders shared by tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA = pa.schema([
+    ("id", pa.int64()),
+    ("tokens", pa.list_(pa.int32())),
+    ("reward", pa.float32()),
+])
+
+
+def rows(start: int, n: int) -> pa.Table:
+    """Samples with ids ``start .. start+n-1``; each id's tokens are derived from it."""
+    ids = list(range(start, start + n))
+    return pa.table({
+        "id": pa.array(ids, pa.int64()),
+        "tokens": pa.array([[i, i + 1, i % 7] for i in ids], pa.list_(pa.int32())),
+        "reward": pa.array([i / 10 for i in ids], pa.float32()),
+    }, schema=SCHEMA)
+
+
+_DELTA_READ = """
+import json, os, sys
+import deltalake
+uri, options = sys.argv[1], json.loads(sys.argv[2])
+table = deltalake.DeltaTable(uri, storage_options=options or None).to_pyarrow_table()
+print(json.dumps(sorted(table.column("id").to_pylist())), flush=True)
+os._exit(0)
+"""
+
+
+def delta_ids(uri: str, options: dict[str, str] | None) -> list[int]:
+    """The ids ``deltalake.DeltaTable(uri).to_pyarrow_table()`` returns.
+
+    It runs in a child process that leaves with ``os._exit``: deltalake 1.6 aborts the
+    interpreter at exit ("terminate called without an active exception") after a pyarrow
+    read, which would take pytest down with it.
+    """
+    out = subprocess.run([sys.executable, "-c", _DELTA_READ, uri, json.dumps(options or {})],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise AssertionError(f"deltalake failed to read {uri}: {out.stderr[-2000:]}")
+    return list(json.loads(out.stdout))
+
+
+def ids(table: Any) -> list[int]:
+    return list(table.column("id").to_pylist())

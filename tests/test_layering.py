@@ -1,0 +1,67 @@
+"""Imports point down the layers (DESIGN §9); the core and producers never import torch."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Each core module may import only modules of a lower rank.
+RANKS = {
+    "errors": 0, "failpoints": 0,
+    "store": 1, "schema": 1,
+    "log": 2, "plan": 2,
+    "replay": 3, "fragment": 3,
+    "snapshot": 4,
+    "transaction": 5,
+    "stream": 6,
+    "retention": 7,
+    "cli": 8, "__init__": 9,
+}
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def _module(name: str) -> str:
+    return name.split(".")[1] if name.count(".") >= 1 else "__init__"
+
+
+def test_core_imports_point_down() -> None:
+    for path in (ROOT / "lakestream").rglob("*.py"):
+        rel = path.relative_to(ROOT / "lakestream").parts
+        me = rel[0].removesuffix(".py")
+        for name in _imports(path):
+            if not name.startswith("lakestream") or name == "lakestream":
+                continue
+            other = _module(name)
+            assert other not in ("producers", "loaders"), f"{path} imports {name}"
+            if me == other:
+                continue
+            assert RANKS[other] < RANKS[me], f"{path} ({me}) imports {name} ({other}): upward"
+
+
+def test_torch_stays_out_of_the_core_and_producers() -> None:
+    for folder in ("lakestream", "producers"):
+        for path in (ROOT / folder).rglob("*.py"):
+            assert not any(n == "torch" or n.startswith("torch.") for n in _imports(path)), path
+
+
+def test_producers_and_loaders_do_not_import_each_other() -> None:
+    for folder, other in (("producers", "loaders"), ("loaders", "producers")):
+        for path in (ROOT / folder).rglob("*.py"):
+            assert not any(n.startswith(f"lakestream.{other}") for n in _imports(path)), path
+
+
+def test_nothing_unpickles_stream_data() -> None:
+    for folder in ("lakestream", "producers", "loaders"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            assert "pickle.loads" not in text and "torch.load(" not in text, path
