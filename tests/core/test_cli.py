@@ -19,7 +19,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60)
 
 
-def test_create_then_status(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_create_then_status(tmp_path) -> None:
     uri = str(tmp_path / "s")
     out = _cli("create", uri, "--schema", "id:int64,tokens:list<int32>,reward:float32",
                "--global-batch-size", "4")
@@ -34,7 +34,7 @@ def test_create_then_status(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert "samples     4  steps 1" in text and "train" in text
 
 
-def test_errors_are_one_line_and_exit_2(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_errors_are_one_line_and_exit_2(tmp_path, capsys) -> None:
     assert main(["status", str(tmp_path / "missing")]) == 2
     assert "no Lakestream stream" in capsys.readouterr().err
     assert main(["create", str(tmp_path / "s"), "--schema", "a:uint8",

@@ -8,7 +8,7 @@ import threading
 import lakestream
 from lakestream.errors import NotFoundError
 from lakestream.log import log_key
-from tests.helpers import SCHEMA, delta_ids, rows
+from tests.helpers import SCHEMA, delta_ids, ids, rows
 
 WRITERS, APPENDS, ROWS = 4, 8, 2
 
@@ -31,12 +31,12 @@ def _check(uri: str, options: dict[str, str] | None) -> None:
     except NotFoundError:
         pass  # ... and nothing after the last
     expected = sorted(1000 * w + i for w in range(WRITERS) for i in range(APPENDS * ROWS))
-    got = sorted(i for step in range(s.num_steps) for i in s.read_step(step).column("id").to_pylist())
+    got = sorted(i for step in range(s.num_steps) for i in ids(s.read_step(step)))
     assert got == expected
     assert delta_ids(uri, options) == expected
 
 
-def test_threads_race_to_append(backend) -> None:  # type: ignore[no-untyped-def]
+def test_threads_race_to_append(backend) -> None:
     uri = backend.uri()
     lakestream.create(uri, SCHEMA, global_batch_size=2, storage_options=backend.options)
     threads = [threading.Thread(target=_append_many, args=(uri, backend.options, w))
@@ -48,7 +48,7 @@ def test_threads_race_to_append(backend) -> None:  # type: ignore[no-untyped-def
     _check(uri, backend.options)
 
 
-def test_processes_race_to_append(backend) -> None:  # type: ignore[no-untyped-def]
+def test_processes_race_to_append(backend) -> None:
     uri = backend.uri()
     lakestream.create(uri, SCHEMA, global_batch_size=2, storage_options=backend.options)
     ctx = multiprocessing.get_context("spawn")

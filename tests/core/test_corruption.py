@@ -14,23 +14,23 @@ from tests.helpers import SCHEMA, ids, rows
 
 
 @pytest.fixture
-def stream(tmp_path):  # type: ignore[no-untyped-def]
+def stream(tmp_path):
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     s.append(rows(0, 4))
     s.append(rows(4, 4))
     return s
 
 
-def _rewrite(stream, version: int, edit) -> None:  # type: ignore[no-untyped-def]
+def _rewrite(stream, version: int, edit) -> None:
     lines = [json.loads(x) for x in stream.store.get(log_key(version)).splitlines()]
     stream.store.put(log_key(version), edit(lines))
 
 
-def _dump(lines) -> bytes:  # type: ignore[no-untyped-def]
+def _dump(lines) -> bytes:
     return b"\n".join(json.dumps(x).encode() for x in lines)
 
 
-def _tag(lines, key, value):  # type: ignore[no-untyped-def]
+def _tag(lines, key, value):
     for a in lines:
         if "add" in a:
             a["add"]["tags"][key] = value
@@ -39,14 +39,14 @@ def _tag(lines, key, value):  # type: ignore[no-untyped-def]
     return _dump(lines)
 
 
-def _path(lines, value):  # type: ignore[no-untyped-def]
+def _path(lines, value):
     for a in lines:
         if "add" in a:
             a["add"]["path"] = value
     return _dump(lines)
 
 
-def _format(lines, value):  # type: ignore[no-untyped-def]
+def _format(lines, value):
     lines[0]["commitInfo"]["lakestream"]["format"] = value
     return _dump(lines)
 
@@ -62,13 +62,13 @@ def _format(lines, value):  # type: ignore[no-untyped-def]
     (lambda lines: _path(lines, "_delta_log/x.parquet"), "log version 2: .*not a .parquet file"),
     (lambda lines: _dump([{"add": lines[1]["add"]}]), "log version 2 .*not written by Lakestream"),
 ])
-def test_corrupt_entries_raise_naming_the_version(stream, edit, match) -> None:  # type: ignore[no-untyped-def]
+def test_corrupt_entries_raise_naming_the_version(stream, edit, match) -> None:
     _rewrite(stream, 2, edit)
     with pytest.raises(CorruptLogError, match=match):
         lakestream.open(stream.uri)
 
 
-def test_a_writer_behind_a_corrupt_entry_commits_nothing(stream) -> None:  # type: ignore[no-untyped-def]
+def test_a_writer_behind_a_corrupt_entry_commits_nothing(stream) -> None:
     behind = lakestream.open(stream.uri)
     stream.store.put(log_key(3), b"{not json")
     with pytest.raises(CorruptLogError, match="log version 3"):
@@ -81,7 +81,7 @@ def test_a_writer_behind_a_corrupt_entry_commits_nothing(stream) -> None:  # typ
         stream.store.head(log_key(4))
 
 
-def test_a_corrupt_snapshot_falls_back_to_an_older_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_corrupt_snapshot_falls_back_to_an_older_one(tmp_path) -> None:
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4, snapshot_interval=2)
     for i in range(5):
         s.append(rows(4 * i, 4))

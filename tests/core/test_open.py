@@ -51,7 +51,7 @@ def _grow(uri: str, versions: int, interval: int = 100) -> None:
 
 def _open_cost(uri: str) -> tuple[int, collections.Counter[str]]:
     store = CountingStore(open_store(uri))
-    state = load_state(store, uri)  # type: ignore[arg-type]
+    state = load_state(store, uri)
     return state.version, store.calls
 
 
@@ -64,7 +64,7 @@ def long_and_short(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return short, long
 
 
-def test_open_costs_the_same_at_10000_versions_as_at_200(long_and_short) -> None:  # type: ignore[no-untyped-def]
+def test_open_costs_the_same_at_10000_versions_as_at_200(long_and_short) -> None:
     short, long = long_and_short
     v_short, calls_short = _open_cost(short)
     v_long, calls_long = _open_cost(long)
@@ -75,7 +75,7 @@ def test_open_costs_the_same_at_10000_versions_as_at_200(long_and_short) -> None
     assert reopened.producers["p"][0] == 9_999 and ids(reopened.read_step(0)) == [0, 1]
 
 
-def test_a_stale_or_missing_hint_costs_a_bounded_probe(long_and_short) -> None:  # type: ignore[no-untyped-def]
+def test_a_stale_or_missing_hint_costs_a_bounded_probe(long_and_short) -> None:
     _, long = long_and_short
     store = open_store(long)
     fresh = store.get(HINT_KEY)
@@ -93,7 +93,7 @@ def test_a_stale_or_missing_hint_costs_a_bounded_probe(long_and_short) -> None: 
         store.put(HINT_KEY, fresh)
 
 
-def test_a_missing_snapshot_costs_only_a_longer_tail(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_missing_snapshot_costs_only_a_longer_tail(tmp_path) -> None:
     uri = str(tmp_path / "s")
     _grow(uri, 351)
     store = open_store(uri)
@@ -103,7 +103,7 @@ def test_a_missing_snapshot_costs_only_a_longer_tail(tmp_path) -> None:  # type:
     assert version == 350 and calls["get"] <= 2 + 150 + 1
 
 
-def test_the_log_alone_replays_without_any_snapshot(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_log_alone_replays_without_any_snapshot(tmp_path) -> None:
     uri = str(tmp_path / "s")
     _grow(uri, 150)
     store = open_store(uri)

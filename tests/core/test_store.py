@@ -11,11 +11,11 @@ from lakestream.store import check_key, open_store
 
 
 @pytest.fixture
-def store(backend):  # type: ignore[no-untyped-def]
+def store(backend):
     return open_store(backend.uri("store"), backend.options)
 
 
-def test_put_get_head_list_delete(store) -> None:  # type: ignore[no-untyped-def]
+def test_put_get_head_list_delete(store) -> None:
     store.put("a/b/one", b"hello")
     store.put("a/two", b"world!", mode="create")
     assert store.get("a/b/one") == b"hello"
@@ -33,7 +33,7 @@ def test_put_get_head_list_delete(store) -> None:  # type: ignore[no-untyped-def
         store.head("missing")
 
 
-def test_second_create_of_a_key_fails(store) -> None:  # type: ignore[no-untyped-def]
+def test_second_create_of_a_key_fails(store) -> None:
     """Canary: the endpoint honours If-None-Match, else every race test is meaningless."""
     store.put("log/0", b"first", mode="create")
     with pytest.raises(AlreadyExistsError):
@@ -41,7 +41,7 @@ def test_second_create_of_a_key_fails(store) -> None:  # type: ignore[no-untyped
     assert store.get("log/0") == b"first"
 
 
-def test_exactly_one_racing_create_wins(store) -> None:  # type: ignore[no-untyped-def]
+def test_exactly_one_racing_create_wins(store) -> None:
     wins: list[int] = []
     barrier = threading.Barrier(8)
 
@@ -62,7 +62,7 @@ def test_exactly_one_racing_create_wins(store) -> None:  # type: ignore[no-untyp
     assert sorted(wins) == list(range(20))
 
 
-def test_open_input_reads_ranges(store) -> None:  # type: ignore[no-untyped-def]
+def test_open_input_reads_ranges(store) -> None:
     data = bytes(range(256)) * 1000
     store.put("blob", data)
     with store.open_input("blob", len(data)) as f:

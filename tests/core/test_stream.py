@@ -15,7 +15,7 @@ from lakestream.errors import (
 from tests.helpers import SCHEMA, delta_ids, ids, rows
 
 
-def test_steps_and_rank_slices(backend) -> None:  # type: ignore[no-untyped-def]
+def test_steps_and_rank_slices(backend) -> None:
     s = lakestream.create(backend.uri(), SCHEMA, global_batch_size=8,
                           storage_options=backend.options)
     for i in range(5):
@@ -33,7 +33,7 @@ def test_steps_and_rank_slices(backend) -> None:  # type: ignore[no-untyped-def]
     assert reopened.read_step(0, columns=["reward"]).column_names == ["reward"]
 
 
-def test_delta_lake_reads_exactly_the_committed_rows(backend) -> None:  # type: ignore[no-untyped-def]
+def test_delta_lake_reads_exactly_the_committed_rows(backend) -> None:
     s = lakestream.create(backend.uri(), SCHEMA, global_batch_size=8,
                           storage_options=backend.options)
     for i in range(3):
@@ -42,7 +42,7 @@ def test_delta_lake_reads_exactly_the_committed_rows(backend) -> None:  # type: 
         [10 * i + k for i in range(3) for k in range(4)])
 
 
-def test_a_handle_sees_other_writers_after_refresh(backend) -> None:  # type: ignore[no-untyped-def]
+def test_a_handle_sees_other_writers_after_refresh(backend) -> None:
     a = lakestream.create(backend.uri(), SCHEMA, global_batch_size=4,
                           storage_options=backend.options)
     b = lakestream.open(backend.uri(), backend.options)
@@ -53,7 +53,7 @@ def test_a_handle_sees_other_writers_after_refresh(backend) -> None:  # type: ig
     assert ids(a.read_step(0)) == [0, 1, 2, 3]
 
 
-def test_create_twice_and_open_missing_raise(backend) -> None:  # type: ignore[no-untyped-def]
+def test_create_twice_and_open_missing_raise(backend) -> None:
     lakestream.create(backend.uri(), SCHEMA, global_batch_size=4, storage_options=backend.options)
     with pytest.raises(AlreadyExistsError, match="already exists"):
         lakestream.create(backend.uri(), SCHEMA, global_batch_size=4,
@@ -62,7 +62,7 @@ def test_create_twice_and_open_missing_raise(backend) -> None:  # type: ignore[n
         lakestream.open(backend.uri("missing"), backend.options)
 
 
-def test_world_size_must_divide_the_batch_and_keep_groups(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_world_size_must_divide_the_batch_and_keep_groups(tmp_path) -> None:
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=8, group_size=4)
     s.append(rows(0, 8))
     assert ids(s.read_step(0, rank=1, world_size=2)) == [4, 5, 6, 7]
@@ -79,14 +79,14 @@ def test_world_size_must_divide_the_batch_and_keep_groups(tmp_path) -> None:  # 
     (rows(0, 4).set_column(0, "id", pa.array([1, 2, 3, 4], pa.int32())), "id: int32"),
     ([{"id": 1, "tokens": [1], "reward": "high"}] * 4, "does not fit"),
 ])
-def test_schema_mismatch_is_typed_and_changes_nothing(tmp_path, bad, match) -> None:  # type: ignore[no-untyped-def]
+def test_schema_mismatch_is_typed_and_changes_nothing(tmp_path, bad, match) -> None:
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     with pytest.raises(SchemaMismatchError, match=match):
         s.append(bad)
     assert s.version == 0 and not list(s.store.list("data/"))
 
 
-def test_non_nullable_columns_reject_nulls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_non_nullable_columns_reject_nulls(tmp_path) -> None:
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False)])
     s = lakestream.create(str(tmp_path / "s"), schema, global_batch_size=2)
     with pytest.raises(SchemaMismatchError, match="non-nullable columns \\['id'\\]"):
@@ -95,7 +95,7 @@ def test_non_nullable_columns_reject_nulls(tmp_path) -> None:  # type: ignore[no
     assert s.num_samples == 2
 
 
-def test_rows_must_fill_whole_groups(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_rows_must_fill_whole_groups(tmp_path) -> None:
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=8, group_size=4)
     with pytest.raises(ValueError, match="multiple of the group size 4"):
         s.append(rows(0, 3))
@@ -104,7 +104,7 @@ def test_rows_must_fill_whole_groups(tmp_path) -> None:  # type: ignore[no-untyp
     assert s.version == 0
 
 
-def test_dict_and_row_inputs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_dict_and_row_inputs(tmp_path) -> None:
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
     s.append([{"id": 0, "tokens": [1], "reward": 0.5}, {"id": 1, "tokens": [], "reward": 1.0}])
     s.append({"id": [2, 3], "tokens": [[2], [3, 3]], "reward": [0.0, 0.0]})
@@ -113,7 +113,7 @@ def test_dict_and_row_inputs(tmp_path) -> None:  # type: ignore[no-untyped-def]
         s.append("not data")
 
 
-def test_checkpoint_markers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_checkpoint_markers(tmp_path) -> None:
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     s.append(rows(0, 8))
     s.mark_checkpoint("train", 1, "ckpt-1")
@@ -131,12 +131,12 @@ def test_checkpoint_markers(tmp_path) -> None:  # type: ignore[no-untyped-def]
     (pa.schema([("a", pa.uint32())]), "no Delta Lake equivalent"),
     (pa.schema([("a", pa.int64()), ("a", pa.int32())]), "duplicate"),
 ])
-def test_bad_schemas_are_refused(tmp_path, schema, match) -> None:  # type: ignore[no-untyped-def]
+def test_bad_schemas_are_refused(tmp_path, schema, match) -> None:
     with pytest.raises(ValueError, match=match):
         lakestream.create(str(tmp_path / "s"), schema, global_batch_size=4)
 
 
-def test_bad_batch_and_group_sizes_are_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_bad_batch_and_group_sizes_are_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="global_batch_size"):
         lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=0)
     with pytest.raises(ValueError, match="group_size"):
