@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from lakestream.errors import LakestreamError
+from lakestream.inventory import unreferenced
 from lakestream.snapshot import HINT_KEY
 from lakestream.stream import Stream
 
@@ -64,6 +65,7 @@ def status(stream: Stream) -> dict[str, Any]:
         hint = json.loads(stream.store.get(HINT_KEY))["version"]
     except (LakestreamError, ValueError, KeyError):
         hint = None
+    orphans = list(unreferenced(stream.store, s))
     return {
         "uri": stream.uri,
         "version": s.version,
@@ -75,6 +77,8 @@ def status(stream: Stream) -> dict[str, Any]:
         "fragments": len(s.fragments),
         "snapshot_version": hint,
         "reclaimed_below_offset": s.reclaimed_below,
+        "unreferenced_files": len(orphans),
+        "unreferenced_bytes": sum(m.size for m in orphans),
         "producers": {p: {"epoch": st.epoch, "seq": st.seq, "state": st.state}
                       for p, st in sorted(s.producers.items())},
         "groups": {g: [{"step": m.step, "checkpoint_id": m.checkpoint_id, "version": m.version}
@@ -89,6 +93,8 @@ def _print_status(info: dict[str, Any]) -> None:
           f"(B={info['global_batch_size']}, G={info['group_size']})")
     print(f"fragments   {info['fragments']}  reclaimed below offset "
           f"{info['reclaimed_below_offset']}")
+    print(f"unreferenced {info['unreferenced_files']} files, {info['unreferenced_bytes']} bytes "
+          "(uploads never committed, or reclaimed, awaiting gc)")
     print(f"producers   {len(info['producers'])}")
     for p, st in info["producers"].items():
         print(f"  {p:<24} epoch {st['epoch']:<4} seq {st['seq']:<8} state {st['state']}")

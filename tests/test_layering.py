@@ -10,9 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RANKS = {
     "errors": 0, "failpoints": 0,
     "store": 1, "schema": 1,
-    "log": 2, "plan": 2,
+    "log": 2, "plan": 2, "progress": 2,
     "replay": 3, "fragment": 3,
-    "snapshot": 4,
+    "snapshot": 4, "inventory": 4,
     "transaction": 5,
     "stream": 6,
     "retention": 7,

@@ -1,0 +1,125 @@
+"""The committer thread: group-commits uploaded fragments in seq order, paced by DAC."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lakestream.errors import ProducerFencedError
+from lakestream.log import Append, Entry, FragmentRef
+from lakestream.producers.policy import IntervalController
+from lakestream.replay import ReplayState
+
+if TYPE_CHECKING:
+    from lakestream.producers.producer import Producer
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    """A fragment whose file is in the store, waiting for its commit."""
+
+    seq: int
+    key: str
+    rows: int
+    size: int
+    state: Any
+    nbytes: int
+
+
+class Committer(threading.Thread):
+    """Commits what the upload pool hands it, in seq order, one commit at a time.
+
+    Adaptive policy: each commit carries every contiguous fragment uploaded since the last,
+    and the wait between commits comes from an ``IntervalController`` fed with this
+    producer's own conflicts and latencies. Per-fragment policy: one fragment per commit,
+    no wait, fixed retry backoff.
+    """
+
+    def __init__(self, producer: Producer) -> None:
+        super().__init__(name=f"lakestream-commit-{producer.producer_id}", daemon=True)
+        self._p = producer
+        o = producer.options
+        self._adaptive = o.commit_policy == "adaptive"
+        self._batch_limit = o.max_fragments_per_commit if self._adaptive else 1
+        self._commit_options = o.commit if self._adaptive else dataclasses.replace(
+            o.commit, backoff_base_s=0.01, backoff_cap_s=0.01)
+        self._controller = IntervalController(min_s=o.min_interval_s, max_s=o.max_interval_s)
+        self._ready: dict[int, Uploaded] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._next = producer.committed_seq + 1
+
+    def ready(self, fragment: Uploaded) -> None:
+        with self._cond:
+            self._ready[fragment.seq] = fragment
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def _take(self, wait_s: float) -> list[Uploaded] | None:
+        """The next contiguous run of uploaded fragments, after at least ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while not self._stopping:
+                left = deadline - time.monotonic()
+                if self._next in self._ready and left <= 0:
+                    break
+                self._cond.wait(max(left, 0.001) if self._next in self._ready else 0.5)
+            if self._stopping:
+                return None
+            batch: list[Uploaded] = []
+            while self._next in self._ready and len(batch) < self._batch_limit:
+                batch.append(self._ready.pop(self._next))
+                self._next += 1
+            return batch
+
+    def run(self) -> None:
+        p = self._p
+        wait_s = 0.0
+        try:
+            while True:
+                batch = self._take(wait_s)
+                if batch is None:
+                    return
+                result = p.stream.commit(self._build(batch), self._commit_options)
+                s = p.stats
+                if result is not None:
+                    s.commits += 1
+                    s.attempts += result.attempts
+                    s.conflicts += result.conflicts
+                    s.fragments_committed += len(batch)
+                    s.commit_latencies_s.append(result.latency_s)
+                    if self._adaptive:
+                        wait_s = self._controller.observe(result.latency_s, result.conflicts > 0)
+                p._on_committed(batch[-1].seq, batch[-1].state, batch)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call
+            p._fail(e)
+
+    def _build(self, batch: list[Uploaded]) -> Any:
+        p = self._p
+
+        def build(state: ReplayState, commit_id: str) -> Entry | None:
+            mine = state.producers.get(p.producer_id)
+            if mine is not None and mine.epoch > p.epoch:
+                raise ProducerFencedError(
+                    f"producer {p.producer_id} epoch {p.epoch} was fenced by epoch "
+                    f"{mine.epoch} at or before version {state.version} of {p.uri}: a newer "
+                    "instance is running; stop this one"
+                )
+            committed = mine.seq if mine is not None else -1
+            fresh = [u for u in batch if u.seq > committed]  # re-sent seqs are dropped
+            if not fresh:
+                return None
+            refs, offset = [], state.next_offset
+            for u in fresh:
+                refs.append(FragmentRef(u.key, u.rows, u.size, offset, u.seq))
+                offset += u.rows
+            return Append(p.producer_id, p.epoch, tuple(refs), fresh[-1].state, commit_id)
+
+        return build

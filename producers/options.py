@@ -1,0 +1,52 @@
+"""Producer options, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lakestream.transaction import CommitOptions
+
+CommitPolicy = Literal["adaptive", "per-fragment"]
+
+
+@dataclass(frozen=True)
+class ProducerOptions:
+    """How a Producer uploads and commits.
+
+    ``commit_policy="adaptive"`` is DAC (group commit, adaptive interval);
+    ``"per-fragment"`` commits one fragment per entry with a fixed retry, for comparison.
+    """
+
+    commit_policy: CommitPolicy = "adaptive"
+    upload_threads: int = 4
+    max_inflight_fragments: int = 64
+    max_inflight_bytes: int = 256 << 20
+    max_fragment_bytes: int = 1 << 30
+    """A write whose encoded fragment is larger raises ValueError (nothing is uploaded)."""
+    compression: str = "zstd"
+    """``zstd`` (level ``compression_level``) or ``none`` (the fast path: no compression)."""
+    compression_level: int = 1
+    min_interval_s: float = 0.0
+    max_interval_s: float = 1.0
+    max_fragments_per_commit: int = 10_000
+    progress_group: str = "train"
+    """The consumer group whose progress ``max_lag_steps`` is measured against."""
+    progress_poll_s: float = 0.05
+    commit: CommitOptions = field(default_factory=CommitOptions)
+
+    def __post_init__(self) -> None:
+        if self.commit_policy not in ("adaptive", "per-fragment"):
+            raise ValueError(f"commit_policy must be 'adaptive' or 'per-fragment', "
+                             f"got {self.commit_policy!r}")
+        for name in ("upload_threads", "max_inflight_fragments", "max_inflight_bytes",
+                     "max_fragment_bytes", "max_fragments_per_commit"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.compression not in ("zstd", "none", "snappy", "lz4"):
+            raise ValueError(f"compression must be zstd, snappy, lz4 or none, "
+                             f"got {self.compression!r}")
+        if not 0 <= self.min_interval_s <= self.max_interval_s:
+            raise ValueError("need 0 <= min_interval_s <= max_interval_s")
+        if self.progress_poll_s <= 0:
+            raise ValueError("progress_poll_s must be positive")

@@ -1,0 +1,294 @@
+"""The Producer: validate, upload in the background, commit with DAC, exactly once."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import pyarrow as pa
+
+from lakestream.errors import AlreadyExistsError, LakestreamError
+from lakestream.failpoints import failpoint
+from lakestream.fragment import encode_fragment, fragment_key
+from lakestream.log import Entry, Fence, check_producer_id
+from lakestream.producers.committer import Committer, Uploaded
+from lakestream.producers.options import ProducerOptions
+from lakestream.progress import check_group, read_progress
+from lakestream.replay import ReplayState
+from lakestream.schema import conform
+from lakestream.stream import Stream
+
+
+@dataclass
+class ProducerStats:
+    """Counters of one producer instance (since it opened)."""
+
+    writes: int = 0
+    rows: int = 0
+    bytes_uploaded: int = 0
+    commits: int = 0
+    attempts: int = 0
+    conflicts: int = 0
+    fragments_committed: int = 0
+    commit_latencies_s: list[float] = dataclasses.field(default_factory=list)
+    lag_wait_s: float = 0.0
+
+    @property
+    def fragments_per_commit(self) -> float:
+        return self.fragments_committed / self.commits if self.commits else 0.0
+
+
+class Producer:
+    """Writes samples to a stream as one producer identity, exactly once across restarts.
+
+    Opening fences every older instance of ``producer_id`` (their later commits are void and
+    they raise ``ProducerFencedError``). ``write`` validates, then encodes and uploads in a
+    background pool and returns at once; one committer thread commits uploaded fragments in
+    ``seq`` order with the Decentralized Adaptive Commit. ``state`` (e.g. a prompt cursor) is
+    committed atomically with the fragment it accompanies, so after a crash ``p.state`` says
+    where to resume: nothing is lost and nothing is written twice.
+
+    Use it as a context manager: a clean exit flushes, an exception does not.
+    """
+
+    def __init__(self, uri: str, producer_id: str, storage_options: dict[str, str] | None = None,
+                 options: ProducerOptions | None = None, max_lag_steps: int | None = None) -> None:
+        self.producer_id = check_producer_id(producer_id)
+        self.options = options or ProducerOptions()
+        if max_lag_steps is not None and (not isinstance(max_lag_steps, int) or max_lag_steps < 0):
+            raise ValueError(f"max_lag_steps must be a non-negative int or None, "
+                             f"got {max_lag_steps!r}")
+        check_group(self.options.progress_group)
+        self.max_lag_steps = max_lag_steps
+        self.stats = ProducerStats()
+        self._stream = Stream.open(uri, storage_options)
+        self._pid = os.getpid()
+        fenced = self._stream.commit(self._fence, self.options.commit)
+        assert fenced is not None and isinstance(fenced.entry, Fence)
+        self.epoch = fenced.entry.epoch
+        mine = self._stream.state.producers[self.producer_id]
+        self._cond = threading.Condition()
+        self._committed_seq = mine.seq
+        self._committed_state: Any = mine.state
+        self._next_seq = mine.seq + 1
+        self._last_state: Any = mine.state
+        self._inflight = 0
+        self._inflight_bytes = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        self._progress_at = 0.0
+        self._progress_step = 0
+        self._pool = ThreadPoolExecutor(self.options.upload_threads,
+                                        thread_name_prefix=f"lakestream-upload-{producer_id}")
+        self._committer = Committer(self)
+        self._committer.start()
+
+    def _fence(self, state: ReplayState, commit_id: str) -> Entry:
+        current = state.producers.get(self.producer_id)
+        return Fence(self.producer_id, (current.epoch if current else 0) + 1, commit_id)
+
+    # -- what the user sees -------------------------------------------------------------
+
+    @property
+    def uri(self) -> str:
+        return self._stream.uri
+
+    @property
+    def stream(self) -> Stream:
+        """The committer's view of the stream (advances with every commit)."""
+        return self._stream
+
+    @property
+    def state(self) -> Any:
+        """The user state committed with this producer's last committed fragment, or None."""
+        with self._cond:
+            return self._committed_state
+
+    @property
+    def committed_seq(self) -> int:
+        """The last committed seq of this producer (-1 if none)."""
+        with self._cond:
+            return self._committed_seq
+
+    def write(self, data: Any, state: Any = None) -> int:
+        """Queues ``data`` as one fragment; returns its seq at once.
+
+        ``state`` is committed atomically with it (JSON-serialisable; None keeps the last
+        state). Blocks while too much is in flight, and, with ``max_lag_steps``, while the
+        stream is more than that many steps ahead of the consumer group's progress.
+
+        Raises:
+            SchemaMismatchError: ``data`` does not fit the schema (nothing is uploaded).
+            ValueError: zero rows, rows not a multiple of the group size, or a fragment
+                larger than ``max_fragment_bytes``.
+            ProducerFencedError: a newer instance of this producer id has opened.
+            LakestreamError: a background upload or commit failed (re-raised here).
+        """
+        self._check()
+        table = conform(data, self._stream.schema, where=f"producer {self.producer_id}")
+        rows, g = table.num_rows, self._stream.group_size
+        if rows == 0 or rows % g:
+            raise ValueError(f"producer {self.producer_id}: {rows} rows is not a positive "
+                             f"multiple of the group size {g}")
+        nbytes = table.nbytes
+        if nbytes > self.options.max_fragment_bytes:
+            raise ValueError(f"producer {self.producer_id}: a fragment of {nbytes} bytes "
+                             f"exceeds max_fragment_bytes={self.options.max_fragment_bytes}; "
+                             "split the write")
+        if state is not None:
+            _check_json(state)
+        if self.max_lag_steps is not None:
+            self._wait_for_lag(self.max_lag_steps)
+        o = self.options
+        with self._cond:
+            while self._error is None and self._inflight and (
+                    self._inflight >= o.max_inflight_fragments
+                    or self._inflight_bytes + nbytes > o.max_inflight_bytes):
+                self._cond.wait(0.5)
+            self._raise_error()
+            seq = self._next_seq
+            self._next_seq += 1
+            self._inflight += 1
+            self._inflight_bytes += nbytes
+            if state is not None:
+                self._last_state = state
+            carried = self._last_state
+        self.stats.writes += 1
+        self.stats.rows += rows
+        self._pool.submit(self._upload, seq, table, carried, nbytes)
+        return seq
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Returns when everything written so far is committed.
+
+        Raises:
+            TimeoutError: not all of it was committed within ``timeout`` seconds.
+            ProducerFencedError, LakestreamError: a background failure.
+        """
+        self._check()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target = self._next_seq - 1
+            while self._committed_seq < target and self._error is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"producer {self.producer_id}: seq {target} not "
+                                       f"committed within {timeout}s")
+                self._cond.wait(0.5 if left is None else min(0.5, left))
+            self._raise_error()
+
+    def close(self) -> None:
+        """Flushes, then stops the background threads. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._error is None and os.getpid() == self._pid:
+                self.flush()
+        finally:
+            self._shutdown()
+
+    def abort(self) -> None:
+        """Stops without committing what is still in flight (it becomes orphaned files)."""
+        self._shutdown()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    # -- machinery ----------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._pid:
+            return  # a forked copy: the threads belong to the parent
+        self._committer.stop()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._committer.join()
+
+    def _check(self) -> None:
+        if os.getpid() != self._pid:
+            raise LakestreamError(f"producer {self.producer_id} was created in process "
+                                  f"{self._pid}; create a Producer in each process")
+        if self._closed:
+            raise LakestreamError(f"producer {self.producer_id} is closed")
+        with self._cond:
+            self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    def _upload(self, seq: int, table: pa.Table, state: Any, nbytes: int) -> None:
+        try:
+            failpoint("before_upload")
+            body = encode_fragment(table, self._stream.group_size,
+                                   compression=self.options.compression,
+                                   compression_level=self.options.compression_level)
+            key = fragment_key(self.producer_id, self.epoch, seq)
+            try:
+                self._stream.store.put(key, body, mode="create")
+            except AlreadyExistsError:
+                pass  # a retried PUT whose first reply was lost: the object is ours
+            failpoint("after_upload")
+            self.stats.bytes_uploaded += len(body)
+            self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes))
+        except BaseException as e:  # noqa: BLE001 - surfaced on the caller's next call
+            self._fail(e)
+
+    def _on_committed(self, last_seq: int, state: Any, fragments: list[Uploaded]) -> None:
+        with self._cond:
+            self._committed_seq = max(self._committed_seq, last_seq)
+            self._committed_state = state
+            self._inflight -= len(fragments)
+            self._inflight_bytes -= sum(u.nbytes for u in fragments)
+            self._cond.notify_all()
+
+    def _wait_for_lag(self, k: int) -> None:
+        group, poll = self.options.progress_group, self.options.progress_poll_s
+        t0 = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now - self._progress_at >= poll:
+                progress = read_progress(self._stream.store, group)
+                self._progress_step = progress.step if progress else 0
+                self._progress_at = now
+            if self._stream.num_steps - self._progress_step <= k:
+                break
+            self._check()
+            self._stream.refresh()
+            if self._stream.num_steps - self._progress_step <= k:
+                break
+            time.sleep(poll)
+        self.stats.lag_wait_s += time.monotonic() - t0
+
+
+def _check_json(state: Any) -> None:
+    import json
+
+    try:
+        json.dumps(state)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"producer state must be JSON-serialisable: {e}") from None
+
+
+

@@ -1,0 +1,192 @@
+"""The Producer in one process: writes, state, errors, fencing, staleness, orphans."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+import lakestream
+from lakestream.cli import status
+from lakestream.errors import ProducerFencedError, SchemaMismatchError
+from lakestream.producers import Producer, ProducerOptions
+from lakestream.progress import publish_progress
+from tests.helpers import SCHEMA, delta_ids, ids, rows
+
+
+def _all_ids(s: lakestream.Stream) -> list[int]:
+    s.refresh()
+    return sorted(i for step in range(s.num_steps) for i in ids(s.read_step(step)))
+
+
+def test_write_flush_and_resume_state(backend) -> None:
+    uri = backend.uri()
+    s = lakestream.create(uri, SCHEMA, global_batch_size=8, group_size=4,
+                          storage_options=backend.options)
+    with Producer(uri, "rollout-0", storage_options=backend.options) as p:
+        assert p.state is None and p.epoch == 1
+        seqs = [p.write(rows(4 * i, 4), state={"cursor": i}) for i in range(20)]
+        assert seqs == list(range(20))
+        p.flush()
+        assert p.state == {"cursor": 19} and p.committed_seq == 19
+        assert p.stats.fragments_committed == 20
+    assert _all_ids(s) == list(range(80))
+    assert s.producers["rollout-0"] == (1, 19, {"cursor": 19})
+    with Producer(uri, "rollout-0", storage_options=backend.options) as again:
+        assert again.state == {"cursor": 19} and again.epoch == 2
+        assert again.write(rows(80, 4)) == 20
+    assert delta_ids(uri, backend.options) == list(range(84))
+
+
+def test_list_and_dict_inputs(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=2)
+    with Producer(uri, "p") as p:
+        p.write([{"id": 0, "tokens": [1], "reward": 0.0}, {"id": 1, "tokens": [], "reward": 1.0}])
+        p.write({"id": [2, 3], "tokens": [[2], [3]], "reward": [0.5, 0.5]})
+    assert _all_ids(s) == [0, 1, 2, 3]
+
+
+def test_bad_writes_raise_at_once_and_upload_nothing(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4, group_size=2)
+    opts = ProducerOptions(max_fragment_bytes=1000)
+    with Producer(uri, "p", options=opts) as p:
+        with pytest.raises(SchemaMismatchError, match="missing columns \\['reward'\\]"):
+            p.write(rows(0, 2).drop_columns(["reward"]))
+        with pytest.raises(ValueError, match="multiple of the group size 2"):
+            p.write(rows(0, 3))
+        with pytest.raises(ValueError, match="positive multiple"):
+            p.write(rows(0, 0))
+        with pytest.raises(ValueError, match="exceeds max_fragment_bytes=1000"):
+            p.write(rows(0, 200))
+        with pytest.raises(TypeError, match="JSON-serialisable"):
+            p.write(rows(0, 2), state={"cursor": object()})
+        p.write(rows(0, 2))
+    s.refresh()
+    assert s.num_samples == 2 and len(list(s.store.list("data/"))) == 1
+
+
+@pytest.mark.parametrize("producer_id", ["", "../x", "a/b", "%2e%2e", "a\x00", ".hidden",
+                                         "x" * 129])
+def test_unsafe_producer_ids_are_refused(tmp_path, producer_id: str) -> None:
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    with pytest.raises(ValueError, match="producer id"):
+        Producer(uri, producer_id)
+    assert s.refresh() == 0
+
+
+def test_a_newer_instance_fences_the_older(backend) -> None:
+    uri = backend.uri()
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4, storage_options=backend.options)
+    old = Producer(uri, "w", storage_options=backend.options)
+    old.write(rows(0, 4), state={"n": 1})
+    old.flush()
+    new = Producer(uri, "w", storage_options=backend.options)
+    assert (old.epoch, new.epoch) == (1, 2) and new.state == {"n": 1}
+    old.write(rows(100, 4))
+    with pytest.raises(ProducerFencedError, match="epoch 1 was fenced by epoch 2"):
+        old.flush()
+    with pytest.raises(ProducerFencedError):
+        old.write(rows(200, 4))
+    old.close()
+    new.write(rows(4, 4))
+    new.close()
+    assert _all_ids(s) == list(range(8))
+
+
+def test_background_failures_surface_on_the_next_call(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    p = Producer(uri, "w")
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise lakestream.StoreError("disk on fire")
+
+    p.stream.store.put = broken  # type: ignore[method-assign]
+    p.write(rows(0, 4))
+    with pytest.raises(lakestream.StoreError, match="disk on fire"):
+        p.flush()
+    with pytest.raises(lakestream.StoreError):
+        p.write(rows(4, 4))
+    p.abort()
+
+
+def test_max_lag_steps_blocks_until_the_trainer_catches_up(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    p = Producer(uri, "w", max_lag_steps=2,
+                 options=ProducerOptions(progress_poll_s=0.01))
+    for i in range(2):
+        p.write(rows(4 * i, 4))
+    p.flush()  # 2 steps committed, no progress yet: lag 2 <= 2
+    p.write(rows(8, 4))
+    p.flush()  # lag 3 now; the next write must wait
+    done = threading.Event()
+
+    def writer() -> None:
+        p.write(rows(12, 4))
+        done.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    assert not done.wait(0.5)
+    publish_progress(s.store, "train", step=1, policy_version=7)
+    assert done.wait(5)
+    t.join()
+    p.close()
+    assert p.stats.lag_wait_s >= 0.4
+    assert _all_ids(s) == list(range(16))
+
+
+def test_status_lists_orphans(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    s.append(rows(0, 4))
+    s.store.put("data/w/1-0-deadbeef.parquet", b"never committed")
+    info = status(lakestream.open(uri))
+    assert info["unreferenced_files"] == 1 and info["unreferenced_bytes"] == 15
+    assert json.dumps(info)
+
+
+def test_per_fragment_policy_commits_one_fragment_each(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    with Producer(uri, "w", options=ProducerOptions(commit_policy="per-fragment")) as p:
+        for i in range(10):
+            p.write(rows(4 * i, 4))
+        p.flush()
+        assert p.stats.commits == 10
+    assert s.refresh() == 11 and _all_ids(s) == list(range(40))
+
+
+def test_group_commit_batches_under_a_slow_store(tmp_path) -> None:
+    """With commits slower than writes, each adaptive commit carries many fragments."""
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    p = Producer(uri, "w")
+    real_put = p.stream.store.put
+
+    def slow_put(key: str, data: bytes, *, mode: str = "overwrite") -> None:
+        if key.startswith("_delta_log/"):
+            time.sleep(0.05)
+        real_put(key, data, mode=mode)  # type: ignore[arg-type]
+
+    p.stream.store.put = slow_put  # type: ignore[method-assign]
+    for i in range(40):
+        p.write(rows(4 * i, 4))
+    p.close()
+    assert p.stats.fragments_committed == 40 and p.stats.commits < 20
+    assert _all_ids(s) == list(range(160))
+
+
+def test_a_column_of_the_wrong_type_names_it(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    bad = rows(0, 4).set_column(2, "reward", pa.array([1.0] * 4, pa.float64()))
+    with Producer(uri, "w") as p, pytest.raises(SchemaMismatchError, match="reward: double"):
+        p.write(bad)

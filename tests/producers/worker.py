@@ -1,0 +1,41 @@
+"""A producer process for crash tests: resumes from its committed cursor, writes the rest.
+
+Usage: python -m tests.producers.worker URI PRODUCER_ID FRAGMENTS ROWS OPTIONS_JSON [POLICY]
+Fragment i of producer k holds ids k*1_000_000 + i*ROWS ... + ROWS-1; the state committed with
+it is {"next": i + 1}. Exits 0 when every fragment is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pyarrow as pa
+
+from lakestream.producers import Producer, ProducerOptions
+from tests.helpers import rows
+
+
+def fragment(producer_index: int, i: int, n: int) -> pa.Table:
+    return rows(producer_index * 1_000_000 + i * n, n)
+
+
+def main() -> None:
+    uri, producer_id, total, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    options = json.loads(sys.argv[5]) or None
+    policy = sys.argv[6] if len(sys.argv) > 6 else "adaptive"
+    index = int(producer_id.rsplit("-", 1)[1])
+    with Producer(uri, producer_id, storage_options=options,
+                  options=ProducerOptions(commit_policy=policy)) as p:  # type: ignore[arg-type]
+        start = p.state["next"] if p.state else 0
+        for i in range(start, total):
+            p.write(fragment(index, i, n), state={"next": i + 1})
+        p.flush()
+        stats = p.stats
+        print(json.dumps({"commits": stats.commits, "conflicts": stats.conflicts,
+                          "attempts": stats.attempts,
+                          "fragments": stats.fragments_committed}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
