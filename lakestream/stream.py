@@ -137,10 +137,11 @@ class Stream:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def commit(self, build: Build, options: CommitOptions | None = None) -> CommitResult | None:
+    def commit(self, build: Build, options: CommitOptions | None = None, *,
+               catch_up: bool = False) -> CommitResult | None:
         """Runs the commit loop on this handle's state (see ``transaction.commit``)."""
         with self._lock:
-            return commit(self.store, self._state, build, options)
+            return commit(self.store, self._state, build, options, catch_up=catch_up)
 
     def append(self, data: Any) -> int:
         """Writes ``data`` as one fragment and commits it; returns the version.

@@ -56,12 +56,14 @@ def _backoff(options: CommitOptions, n: int) -> None:
 
 
 def commit(store: ObjectStore, state: ReplayState, build: Build,
-           options: CommitOptions | None = None) -> CommitResult | None:
+           options: CommitOptions | None = None, *, catch_up: bool = False) -> CommitResult | None:
     """Commits the entry ``build`` makes at the next version, advancing ``state`` in place.
 
     On a lost race the winner is folded into ``state`` (so ``build`` sees it) and the commit
     retries at the next version. After a 412 or an ambiguous failure the entry at our
-    version is read: if it carries our commit id, the commit had landed.
+    version is read: if it carries our commit id, the commit had landed. ``catch_up`` reads
+    the entries others committed before the first attempt: cheaper than a failed put when
+    the caller expects the head to have moved (it waited, or it lost its last race).
 
     Returns:
         The result, or None if ``build`` found nothing to commit.
@@ -78,6 +80,8 @@ def commit(store: ObjectStore, state: ReplayState, build: Build,
     deadline = t0 + options.deadline_s
     conflicts = failures = 0
     unknown = False
+    if catch_up:
+        read_tail(store, state)
     for attempt in range(1, options.max_attempts + 1):
         entry = build(state, commit_id)
         if entry is None:

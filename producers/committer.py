@@ -81,13 +81,17 @@ class Committer(threading.Thread):
 
     def run(self) -> None:
         p = self._p
-        wait_s = 0.0
+        wait_s, contended = 0.0, False
         try:
             while True:
                 batch = self._take(wait_s)
                 if batch is None:
                     return
-                result = p.stream.commit(self._build(batch), self._commit_options)
+                # After a wait or a lost race the head has likely moved: read it first
+                # rather than pay for a put that fails. At low load, commit at once.
+                before = p.stream.version
+                result = p.stream.commit(self._build(batch), self._commit_options,
+                                         catch_up=self._adaptive and (wait_s > 0 or contended))
                 s = p.stats
                 if result is not None:
                     s.commits += 1
@@ -95,8 +99,10 @@ class Committer(threading.Thread):
                     s.conflicts += result.conflicts
                     s.fragments_committed += len(batch)
                     s.commit_latencies_s.append(result.latency_s)
+                    contended = result.conflicts > 0
+                    others = result.version - before - 1
                     if self._adaptive:
-                        wait_s = self._controller.observe(result.latency_s, result.conflicts > 0)
+                        wait_s = self._controller.observe(result.latency_s, contended, others)
                 p._on_committed(batch[-1].seq, batch[-1].state, batch)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call
             p._fail(e)

@@ -28,7 +28,7 @@ class ProducerOptions:
     """``zstd`` (level ``compression_level``) or ``none`` (the fast path: no compression)."""
     compression_level: int = 1
     min_interval_s: float = 0.0
-    max_interval_s: float = 1.0
+    max_interval_s: float = 5.0
     max_fragments_per_commit: int = 10_000
     progress_group: str = "train"
     """The consumer group whose progress ``max_lag_steps`` is measured against."""

@@ -8,33 +8,52 @@ import random
 class IntervalController:
     """Chooses how long a committer waits after a commit before starting the next one.
 
-    Multiplicative increase on conflict, additive decrease on success: under contention every
-    producer backs off on its own until the aggregate commit rate is what the store sustains,
-    and each commit then carries more fragments; at low load the interval decays to
-    ``min_s`` (commit at once, lowest latency). Jitter keeps producers out of lockstep.
-    No clock and no I/O: ``observe`` is a function of its inputs and the random stream.
+    It runs AIMD on the producer's commit rate r = 1/interval, the way TCP runs it on a
+    window: a lost race multiplies the interval by ``increase`` (rate × 1/increase); a
+    success adds ``gain / latency`` to the rate, which shrinks the interval by a step that
+    is additive in rate. That has a stable operating point: with n producers and commit
+    latency w, a conflict comes with probability about (n-1)·w·r, and the fixed point
+    r ≈ sqrt(gain / ((n-1)·(1 - 1/increase)))/w keeps conflicts near
+    sqrt(gain·(n-1)/(1 - 1/increase)) whatever the store's latency, while each commit
+    carries more fragments. (A step additive in the interval itself has no interior fixed
+    point: the expected growth per commit, p·interval ≈ (n-1)·w, does not depend on the
+    interval, so it drifts to a bound.)
+
+    Low load is detected directly: when no other producer committed since our last commit,
+    the interval drops to ``min_s`` and the next commit goes at once. Jitter keeps producers
+    out of lockstep. No clock and no I/O: ``observe`` is a function of its inputs and the
+    random stream.
     """
 
-    def __init__(self, *, min_s: float = 0.0, max_s: float = 1.0, increase: float = 2.0,
-                 decrease_s: float = 0.002, conflict_floor_s: float = 0.004,
-                 jitter: float = 0.25, rng: random.Random | None = None) -> None:
+    def __init__(self, *, min_s: float = 0.0, max_s: float = 5.0, increase: float = 2.0,
+                 gain: float = 0.002, conflict_floor_s: float = 0.002, jitter: float = 0.25,
+                 rng: random.Random | None = None) -> None:
         if not 0 <= min_s <= max_s:
             raise ValueError(f"need 0 <= min_s <= max_s, got {min_s}, {max_s}")
-        if increase < 1 or decrease_s < 0 or not 0 <= jitter < 1:
-            raise ValueError("need increase >= 1, decrease_s >= 0, 0 <= jitter < 1")
+        if increase <= 1 or gain <= 0 or not 0 <= jitter < 1:
+            raise ValueError("need increase > 1, gain > 0, 0 <= jitter < 1")
         self.min_s, self.max_s = min_s, max_s
-        self.increase, self.decrease_s = increase, decrease_s
+        self.increase, self.gain = increase, gain
         self.conflict_floor_s, self.jitter = conflict_floor_s, jitter
         self.interval = min_s
         self._rng = rng or random.Random()
 
-    def observe(self, latency_s: float, conflicted: bool) -> float:
-        """Folds in one commit's outcome; returns the wait before the next commit."""
+    def observe(self, latency_s: float, conflicted: bool, others: int = 1) -> float:
+        """Folds in one commit's outcome; returns the wait before the next commit.
+
+        Args:
+            latency_s: how long the commit took, attempts and catching up included.
+            conflicted: whether it lost at least one race.
+            others: entries other producers committed since our previous commit.
+        """
         if conflicted:
-            grown = max(self.interval * self.increase, self.conflict_floor_s, latency_s)
+            grown = max(self.interval * self.increase, self.conflict_floor_s)
             self.interval = min(self.max_s, grown)
-        else:
-            self.interval = max(self.min_s, self.interval - self.decrease_s)
+        elif others == 0:
+            self.interval = self.min_s
+        elif self.interval > 0:
+            rate = 1.0 / self.interval + self.gain / max(latency_s, 1e-4)
+            self.interval = max(self.min_s, 1.0 / rate)
         if self.interval <= 0:
             return 0.0
         return self.interval * (1 + self.jitter * self._rng.uniform(-1, 1))

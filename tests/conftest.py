@@ -3,72 +3,26 @@
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from moto.moto_server.threaded_moto_server import ThreadedMotoServer
-from moto.moto_server.werkzeug_app import (
-    DomainDispatcherApplication,
-    MotoRequestHandler,
-    create_backend_app,
-)
-from werkzeug.serving import make_server
 
-BUCKET = "lakestream-test"
-
-
-class AtomicMotoServer(ThreadedMotoServer):
-    """moto's threaded server with writes serialised.
-
-    moto checks ``If-None-Match`` and then stores the object as two steps, so under heavy
-    thread switching two creates of one key can both win; real S3 and MinIO are atomic.
-    Serialising the mutating requests makes the endpoint atomic too, so race tests test
-    Lakestream, not moto. Reads stay concurrent.
-    """
-
-    def _server_entry(self) -> None:
-        app = DomainDispatcherApplication(create_backend_app)
-        lock = threading.Lock()
-
-        def locked(environ: dict[str, Any], start_response: Any) -> Any:
-            if environ.get("REQUEST_METHOD") in ("PUT", "POST", "DELETE"):
-                with lock:
-                    return list(app(environ, start_response))
-            return app(environ, start_response)
-
-        self._server = make_server(self._ip_address, self._port, locked, True,
-                                   request_handler=MotoRequestHandler)
-        self._server_ready_event.set()
-        self._server.serve_forever()
+from tests.s3server import BUCKET, start_s3
+from tests.s3server import s3_options as s3_config
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    server = AtomicMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    import boto3
-
-    boto3.client("s3", endpoint_url=url, aws_access_key_id="testing",
-                 aws_secret_access_key="testing", region_name="us-east-1").create_bucket(
-        Bucket=BUCKET)
+    server, url = start_s3()
     yield url
     server.stop()
 
 
 @pytest.fixture(scope="session")
 def s3_options(s3_endpoint: str) -> dict[str, str]:
-    return {
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "AWS_ALLOW_HTTP": "true",
-    }
+    return s3_config(s3_endpoint)
 
 
 class Backend:

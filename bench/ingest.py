@@ -1,0 +1,224 @@
+"""Ingest benchmark: DAC (adaptive) vs per-fragment commits, 1-8 producer processes, local
+store and a moto S3 endpoint, in one run; then throughput while the log grows to 20,000+
+versions.
+
+Usage: .venv/bin/python bench/ingest.py [--duration 6] [--quick]
+Writes bench/results/ingest.json and bench/results/ingest.png.
+
+Contended regime (what RL rollout writers do): each producer writes small fragments (one
+GRPO group of 16 samples, ~16 KB each) as fast as it can and commits them as soon as they
+are written; throughput counts committed samples over the wall time until every producer
+has flushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import payload  # noqa: E402
+
+import lakestream  # noqa: E402
+from lakestream.producers import Producer, ProducerOptions  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+GROUP = 16
+
+
+def _producer(uri: str, options: dict[str, str] | None, pid: str, policy: str, start_at: float,
+              duration: float, rows: int, tiny: bool, out: Any) -> None:
+    frags = [payload.rollouts(rows, GROUP, seed=k, min_tokens=16 if tiny else 1024,
+                              max_tokens=48 if tiny else 3072) for k in range(8)]
+    p = Producer(uri, pid, storage_options=options,
+                 options=ProducerOptions(commit_policy=policy))  # type: ignore[arg-type]
+    time.sleep(max(0.0, start_at - time.time()))
+    n = nbytes = 0
+    cpu0 = time.process_time()
+    while time.time() < start_at + duration:
+        t = frags[n % len(frags)]
+        p.write(t)
+        n += 1
+        nbytes += t.nbytes
+    p.abort()  # what is not committed by the deadline does not count
+    s = p.stats
+    lat = sorted(s.commit_latencies_s) or [0.0]
+    out.put({"producer": pid, "written": n, "commits": s.commits, "attempts": s.attempts,
+             "conflicts": s.conflicts, "fragments": s.fragments_committed,
+             "cpu_s": time.process_time() - cpu0, "commit_p50_s": lat[len(lat) // 2]})
+
+
+def run(uri: str, options: dict[str, str] | None, producers: int, policy: str,
+        duration: float, rows: int = GROUP, tiny: bool = False) -> dict[str, Any]:
+    """Committed samples/s over a fixed window, ``producers`` processes writing flat out."""
+    s = lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=256, group_size=GROUP,
+                          storage_options=options)
+    sample_bytes = payload.rollouts(256, GROUP, seed=99).nbytes / 256
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.time() + 3.0 + 0.3 * producers  # every process imported and open by then
+    procs = [ctx.Process(target=_producer, args=(uri, options, f"p-{k}", policy, start_at,
+                                                  duration, rows, tiny, out))
+             for k in range(producers)]
+    for p in procs:
+        p.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    s.refresh()
+    samples0 = s.num_samples
+    time.sleep(max(0.0, start_at + duration - time.time()))
+    s.refresh()
+    samples = s.num_samples - samples0
+    results = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    commits = sum(r["commits"] for r in results)
+    attempts = sum(r["attempts"] for r in results)
+    conflicts = sum(r["conflicts"] for r in results)
+    mb = samples * sample_bytes / 1e6
+    return {
+        "producers": producers, "policy": policy, "samples": samples, "window_s": duration,
+        "samples_per_s": samples / duration, "mb_per_s": mb / duration,
+        "commits": commits, "attempts": attempts, "conflicts": conflicts,
+        "conflict_ratio": conflicts / attempts if attempts else 0.0,
+        "fragments_per_commit": sum(r["fragments"] for r in results) / max(1, commits),
+        "commit_p50_ms": 1000 * sorted(r["commit_p50_s"] for r in results)[len(results) // 2],
+        "producer_cpu_s_per_gb": sum(r["cpu_s"] for r in results) / max(1e-9, mb / 1000),
+    }
+
+
+def growth(root: str, target_versions: int, producers: int) -> dict[str, Any]:
+    """Tiny fragments from ``producers`` processes until the log passes ``target_versions``;
+    samples the head every 0.25 s."""
+    uri = f"{root}/growth"
+    lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=256, group_size=GROUP)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.time() + 3.0 + 0.3 * producers
+    procs = [ctx.Process(target=_producer, args=(uri, None, f"g-{k}", "adaptive", start_at,
+                                                  3600.0, GROUP, True, out))
+             for k in range(producers)]
+    for p in procs:
+        p.start()
+    s = lakestream.open(uri)
+    series = []
+    while True:
+        time.sleep(0.25)
+        s.refresh()
+        series.append((time.time(), s.version, s.num_samples))
+        if s.version >= target_versions:
+            break
+    for p in procs:
+        p.terminate()
+        p.join()
+    series = [x for x in series if x[0] >= start_at]
+    t0 = series[0][0]
+    points = [{"t": t - t0, "version": v, "samples": n} for t, v, n in series]
+
+    def rate(lo: float, hi: float) -> float:
+        """Samples/s while the version went from lo to hi (fractions of the run)."""
+        vmax = series[-1][1]
+        window = [x for x in series if lo * vmax <= x[1] <= hi * vmax]
+        (ta, _, na), (tb, _, nb) = window[0], window[-1]
+        return (nb - na) / (tb - ta) if tb > ta else 0.0
+
+    first, last = rate(0.0, 0.1), rate(0.9, 1.0)
+    return {"producers": producers, "versions": series[-1][1], "points": points,
+            "first_10pct_samples_per_s": first, "last_10pct_samples_per_s": last,
+            "ratio_last_to_first": last / first if first else 0.0}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for ax, store in zip(axes[:2], ("local", "s3"), strict=True):
+        for policy, style in (("adaptive", "o-"), ("per-fragment", "s--")):
+            rows = [r for r in result["scaling"] if r["store"] == store and r["policy"] == policy]
+            ax.plot([r["producers"] for r in rows], [r["samples_per_s"] for r in rows], style,
+                    label=policy)
+        ax.set_title(f"{store}: committed samples/s (16-sample fragments)")
+        ax.set_xlabel("producer processes")
+        ax.set_xscale("log", base=2)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    g = result["growth"]
+    pts = g["points"]
+    rates = [(b["version"], (b["samples"] - a["samples"]) / (b["t"] - a["t"]))
+             for a, b in zip(pts, pts[1:], strict=False) if b["t"] > a["t"]]
+    axes[2].plot([v for v, _ in rates], [r for _, r in rates], lw=0.8)
+    axes[2].set_title(f"log growth, {g['producers']} producers (local): samples/s")
+    axes[2].set_xlabel("log version")
+    axes[2].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--producers", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--growth-versions", type=int, default=20_000)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 s, 1 and 8")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration, args.producers, args.growth_versions = 2.0, [1, 8], 2_000
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.s3server import start_s3
+    from tests.s3server import s3_options as s3_config
+
+    server, url = start_s3("bench")
+    result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                          "platform": platform.platform()},
+                              "command": " ".join(["bench/ingest.py", *sys.argv[1:]]),
+                              "scaling": []}
+    try:
+        with tempfile.TemporaryDirectory() as root:
+            for store in ("local", "s3"):
+                for n in args.producers:
+                    for policy in ("adaptive", "per-fragment"):
+                        name = f"{store}-{n}-{policy}"
+                        uri = f"{root}/{name}" if store == "local" else f"s3://bench/{name}"
+                        opts = None if store == "local" else s3_config(url)
+                        r = run(uri, opts, n, policy, args.duration)
+                        r["store"] = store
+                        result["scaling"].append(r)
+                        print(f"{store:5} {n} producers {policy:12} {r['samples_per_s']:8.0f} "
+                              f"samples/s {r['mb_per_s']:7.1f} MB/s  commits {r['commits']:5} "
+                              f"conflicts {100 * r['conflict_ratio']:4.1f}%  "
+                              f"{r['fragments_per_commit']:.1f} frags/commit", flush=True)
+            result["growth"] = growth(root, args.growth_versions, 4)
+    finally:
+        server.stop()
+    g = result["growth"]
+    print(f"growth to {g['versions']} versions: first 10% {g['first_10pct_samples_per_s']:.0f} "
+          f"samples/s, last 10% {g['last_10pct_samples_per_s']:.0f} "
+          f"(ratio {g['ratio_last_to_first']:.2f})")
+    ratios = {}
+    for store in ("local", "s3"):
+        for n in args.producers:
+            a, f = (next(r for r in result["scaling"] if r["store"] == store
+                         and r["producers"] == n and r["policy"] == p)
+                    for p in ("adaptive", "per-fragment"))
+            ratios[f"{store}-{n}"] = a["samples_per_s"] / f["samples_per_s"]
+    result["adaptive_over_per_fragment"] = ratios
+    print("adaptive / per-fragment:", {k: round(v, 2) for k, v in ratios.items()})
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "ingest.json").write_text(json.dumps(result, indent=1))
+    plot(result, RESULTS / "ingest.png")
+
+
+if __name__ == "__main__":
+    main()
