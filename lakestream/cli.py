@@ -1,4 +1,4 @@
-"""The ``lakestream`` command: create a stream, show its status."""
+"""The ``lakestream`` command: create, status, retain, gc."""
 
 from __future__ import annotations
 
@@ -54,11 +54,23 @@ def parse_schema(text: str) -> pa.Schema:
     return pa.schema(fields)
 
 
+def parse_duration(text: str) -> float:
+    """``90``, ``30s``, ``10m``, ``1h``, ``2d`` as seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 10m, 1h)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
 def _options(args: argparse.Namespace) -> dict[str, str] | None:
     return dict(kv.split("=", 1) for kv in args.option) if args.option else None
 
 
-def status(stream: Stream) -> dict[str, Any]:
+def status(stream: Stream, keep_last: int = 2) -> dict[str, Any]:
     """What ``lakestream status`` shows, as a dict."""
     s = stream.state
     try:
@@ -66,6 +78,7 @@ def status(stream: Stream) -> dict[str, Any]:
     except (LakestreamError, ValueError, KeyError):
         hint = None
     orphans = list(unreferenced(stream.store, s))
+    point = stream.retention_point(keep_last)
     return {
         "uri": stream.uri,
         "version": s.version,
@@ -77,6 +90,10 @@ def status(stream: Stream) -> dict[str, Any]:
         "fragments": len(s.fragments),
         "snapshot_version": hint,
         "reclaimed_below_offset": s.reclaimed_below,
+        "retention": {"keep_last": keep_last, "step": point.step,
+                      "below_offset": point.below_offset,
+                      "reclaimable_fragments": len(point.fragments),
+                      "reclaimable_bytes": point.bytes},
         "unreferenced_files": len(orphans),
         "unreferenced_bytes": sum(m.size for m in orphans),
         "producers": {p: {"epoch": st.epoch, "seq": st.seq, "state": st.state}
@@ -93,6 +110,9 @@ def _print_status(info: dict[str, Any]) -> None:
           f"(B={info['global_batch_size']}, G={info['group_size']})")
     print(f"fragments   {info['fragments']}  reclaimed below offset "
           f"{info['reclaimed_below_offset']}")
+    r = info["retention"]
+    print(f"retention   keep_last={r['keep_last']}: reclaimable below step {r['step']}, "
+          f"{r['reclaimable_fragments']} fragments, {r['reclaimable_bytes']} bytes")
     print(f"unreferenced {info['unreferenced_files']} files, {info['unreferenced_bytes']} bytes "
           "(uploads never committed, or reclaimed, awaiting gc)")
     print(f"producers   {len(info['producers'])}")
@@ -116,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("status", help="show a stream's state")
     p.add_argument("uri")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--keep-last", type=int, default=2, help="for the retention point shown")
+    p = sub.add_parser("retain", help="reclaim data no retained checkpoint needs")
+    p.add_argument("uri")
+    p.add_argument("--keep-last", type=int, default=2)
+    p = sub.add_parser("gc", help="delete reclaimed and orphaned files after a grace period")
+    p.add_argument("uri")
+    p.add_argument("--grace", type=parse_duration, default=3600.0, help="e.g. 30s, 10m, 1h")
     for p in sub.choices.values():
         p.add_argument("-o", "--option", action="append", default=[],
                        help="storage option KEY=VALUE (e.g. AWS_ENDPOINT_URL=...)")
@@ -128,8 +155,18 @@ def main(argv: list[str] | None = None) -> int:
                               snapshot_interval=args.snapshot_interval,
                               storage_options=_options(args))
             print(f"created {s.uri} (B={s.global_batch_size}, G={s.group_size})")
+        elif args.command == "retain":
+            stream = Stream.open(args.uri, _options(args))
+            version = stream.retain(keep_last=args.keep_last)
+            print("nothing to reclaim" if version is None else
+                  f"reclaimed below offset {stream.state.reclaimed_below} at version {version}")
+        elif args.command == "gc":
+            report = Stream.open(args.uri, _options(args)).gc(grace_seconds=args.grace)
+            print(f"deleted {report.data_files} data files ({report.data_bytes} bytes), "
+                  f"{report.log_entries} log entries, {report.snapshots} snapshots, "
+                  f"{report.temp_files} temp files; {report.kept_in_grace} kept in grace")
         elif args.command == "status":
-            info = status(Stream.open(args.uri, _options(args)))
+            info = status(Stream.open(args.uri, _options(args)), args.keep_last)
             if args.json:
                 print(json.dumps(info, indent=2, default=str))
             else:

@@ -65,6 +65,8 @@ class ReplayState:
         self.producers: dict[str, ProducerState] = {}
         self.markers: dict[str, list[Marker]] = {}
         self.reclaimed_below = 0
+        self.reclaim_versions: list[int] = []
+        """Versions of reclaim entries (gc keeps their files for the grace period)."""
         self.voided: list[tuple[int, tuple[FragmentRef, ...]]] = []
         """Void appends (fenced zombies, duplicates) and their files, for maintenance."""
 
@@ -75,6 +77,7 @@ class ReplayState:
         other.producers = {k: copy.copy(v) for k, v in self.producers.items()}
         other.markers = {k: list(v) for k, v in self.markers.items()}
         other.voided = list(self.voided)
+        other.reclaim_versions = list(self.reclaim_versions)
         return other
 
     @property
@@ -169,6 +172,7 @@ class ReplayState:
             self.voided = [(v, fs) for v, fs in self.voided
                            if not all(f.path in gone for f in fs)]
         self.reclaimed_below = max(self.reclaimed_below, entry.below_offset)
+        self.reclaim_versions.append(version)
 
     def fragments_between(self, lo: int, hi: int) -> list[Fragment]:
         """Live fragments overlapping offsets ``[lo, hi)``, in offset order."""

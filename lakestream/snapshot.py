@@ -37,6 +37,7 @@ def encode_snapshot(state: ReplayState) -> bytes:
         "version": state.version,
         "next_offset": state.next_offset,
         "reclaimed_below": state.reclaimed_below,
+        "reclaim_versions": state.reclaim_versions,
         "meta": meta.to_json(),
         "producers": {k: [p.epoch, p.seq, p.state] for k, p in sorted(state.producers.items())},
         "markers": {g: [[m.step, m.checkpoint_id, m.version] for m in ms]
@@ -69,6 +70,7 @@ def decode_snapshot(version: int, data: bytes) -> ReplayState:
         state.meta = StreamMeta.from_json(info["meta"])
         state.next_offset = int(info["next_offset"])
         state.reclaimed_below = int(info["reclaimed_below"])
+        state.reclaim_versions = [int(v) for v in info["reclaim_versions"]]
         state.producers = {k: ProducerState(int(e), int(s), st)
                            for k, (e, s, st) in info["producers"].items()}
         state.markers = {g: [Marker(g, int(s), c, int(v)) for s, c, v in ms]

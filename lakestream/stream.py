@@ -21,6 +21,14 @@ from lakestream.log import (
 )
 from lakestream.plan import check_world, plan_rows, slice_offsets
 from lakestream.replay import Fragment, Marker, ReplayState
+from lakestream.retention import (
+    GcReport,
+    RetentionPoint,
+    collect,
+    groups_with_progress,
+    reclaim_entry,
+    retention_point,
+)
 from lakestream.schema import conform, validate_schema
 from lakestream.snapshot import load_state, read_tail, write_snapshot
 from lakestream.store import ObjectStore, open_store
@@ -38,9 +46,11 @@ class Stream:
     end; commits are atomic (an entry is put-if-absent as one object).
     """
 
-    def __init__(self, uri: str, store: ObjectStore, state: ReplayState) -> None:
+    def __init__(self, uri: str, store: ObjectStore, state: ReplayState,
+                 storage_options: dict[str, str] | None = None) -> None:
         self.uri = uri
         self.store = store
+        self.storage_options = storage_options
         self._state = state
         self._lock = threading.RLock()
         self._reader = FragmentReader(store)
@@ -70,7 +80,7 @@ class Stream:
         state = ReplayState()
         state.apply(0, entry)
         write_snapshot(store, state)
-        return cls(uri, store, state)
+        return cls(uri, store, state, storage_options)
 
     @classmethod
     def open(cls, uri: str, storage_options: dict[str, str] | None = None) -> Stream:
@@ -81,7 +91,7 @@ class Stream:
             CorruptLogError: the log cannot be replayed.
         """
         store = open_store(uri, storage_options)
-        return cls(uri, store, load_state(store, uri))
+        return cls(uri, store, load_state(store, uri), storage_options)
 
     def refresh(self) -> int:
         """Reads entries committed since the last look; returns the version now seen."""
@@ -197,9 +207,58 @@ class Stream:
                 f"checkpoint step {step} of group {group!r} is past the {self.num_steps} steps "
                 f"visible in {self.uri}; a checkpoint resumes at a step already readable"
             )
+        if step * self.global_batch_size < self._state.reclaimed_below:
+            raise StepNotAvailableError(
+                f"checkpoint step {step} of group {group!r} is below the retention point of "
+                f"{self.uri} (offset {self._state.reclaimed_below}): its data is reclaimed"
+            )
         result = self.commit(lambda _s, cid: Checkpoint(group, step, checkpoint_id, cid))
         assert result is not None
         return result.version
+
+    # -- retention ---------------------------------------------------------------------
+
+    def retention_point(self, keep_last: int = 2) -> RetentionPoint:
+        """What ``retain(keep_last)`` would reclaim now."""
+        with self._lock:
+            return retention_point(self._state, keep_last, groups_with_progress(self.store))
+
+    def retain(self, keep_last: int = 2) -> int | None:
+        """Reclaims data no retained checkpoint needs: for every consumer group keep its last
+        ``keep_last`` markers; fragments wholly below the smallest of their resume steps are
+        removed from the table (Delta ``remove``). Files are deleted later by ``gc``.
+
+        Safe beside producers, readers and other retainers: the point is recomputed on the
+        latest log at every commit attempt. A group with progress but no marker holds
+        everything. Returns the reclaim's version, or None if nothing was reclaimable.
+        """
+        groups = groups_with_progress(self.store)
+        result = self.commit(lambda state, cid: reclaim_entry(state, keep_last, groups, cid))
+        return None if result is None else result.version
+
+    def gc(self, grace_seconds: float = 3600.0, *, delta_checkpoint: bool = True) -> GcReport:
+        """Deletes, once ``grace_seconds`` have passed by the store's own clock, the files of
+        reclaimed fragments and of uploads never committed, and log entries and snapshots
+        older than the newest snapshot and Delta checkpoint.
+
+        With ``delta_checkpoint`` (and deltalake installed) it first writes a Delta checkpoint
+        so other engines open the table fast and old entries can go; without one the log is
+        kept whole. Killing gc at any point leaves a readable stream; run it again.
+        """
+        self.refresh()
+        version = self._write_delta_checkpoint() if delta_checkpoint else None
+        with self._lock:
+            state = self._state.copy()
+        return collect(self.store, state, grace_seconds, state.reclaim_versions, version)
+
+    def _write_delta_checkpoint(self) -> int | None:
+        try:
+            import deltalake
+        except ImportError:
+            return None
+        table = deltalake.DeltaTable(self.uri, storage_options=self.storage_options)
+        table.create_checkpoint()
+        return int(table.version())
 
     # -- reading ---------------------------------------------------------------------------
 

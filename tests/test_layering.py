@@ -13,9 +13,8 @@ RANKS = {
     "log": 2, "plan": 2, "progress": 2,
     "replay": 3, "fragment": 3,
     "snapshot": 4, "inventory": 4,
-    "transaction": 5,
+    "transaction": 5, "retention": 5,
     "stream": 6,
-    "retention": 7,
     "cli": 8, "__init__": 9,
 }
 

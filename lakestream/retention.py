@@ -1,0 +1,206 @@
+"""Checkpoint-aligned retention (DESIGN §7): reclaim what no retained checkpoint needs, then
+garbage-collect files, old log entries and snapshots after a grace period."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lakestream.errors import NotFoundError
+from lakestream.failpoints import failpoint
+from lakestream.inventory import unreferenced
+from lakestream.log import LOG_DIR, Entry, FragmentRef, Reclaim, log_key
+from lakestream.progress import PROGRESS_DIR
+from lakestream.replay import ReplayState
+from lakestream.snapshot import SNAPSHOT_DIR, read_entry, snapshot_key
+from lakestream.store.base import ObjectStore
+
+CLOCK_KEY = "_lakestream/_clock"
+
+
+@dataclass(frozen=True)
+class RetentionPoint:
+    """Where retention may reclaim up to: offsets below ``below_offset`` (step ``step``)."""
+
+    step: int
+    below_offset: int
+    fragments: tuple[FragmentRef, ...]
+    """Live fragments wholly below the point, and the files of void appends."""
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.fragments)
+
+
+def retention_point(state: ReplayState, keep_last: int,
+                    groups_without_markers: frozenset[str] = frozenset()) -> RetentionPoint:
+    """The smallest resume step over every group's last ``keep_last`` markers.
+
+    A group that has no marker (known from its progress object) holds everything, and so
+    does a stream with no marker at all.
+    """
+    if not isinstance(keep_last, int) or keep_last < 1:
+        raise ValueError(f"keep_last must be a positive int, got {keep_last!r}")
+    b = state.stream_meta.global_batch_size
+    kept = [m.step for ms in state.markers.values() for m in ms[-keep_last:]]
+    holding = groups_without_markers - set(state.markers)
+    step = min(kept) if kept and not holding else 0
+    below = max(step * b, state.reclaimed_below) if step else state.reclaimed_below
+    live = tuple(FragmentRef(f.path, f.rows, f.size, f.offset, -1)
+                 for f in state.fragments if f.end <= below)
+    void = tuple(f for _v, fs in state.voided for f in fs)
+    return RetentionPoint(step, below, live + void)
+
+
+def reclaim_entry(state: ReplayState, keep_last: int, groups: frozenset[str],
+                  commit_id: str) -> Entry | None:
+    """The reclaim entry to commit on top of ``state``, or None if nothing is reclaimable.
+
+    Built anew on each commit attempt, so markers committed concurrently are honoured.
+    """
+    point = retention_point(state, keep_last, groups)
+    if not point.fragments and point.below_offset <= state.reclaimed_below:
+        return None
+    return Reclaim(point.below_offset, point.fragments, commit_id)
+
+
+def groups_with_progress(store: ObjectStore) -> frozenset[str]:
+    """Consumer groups that published progress (a handful of small objects)."""
+    return frozenset(m.key[len(PROGRESS_DIR):].removesuffix(".json")
+                     for m in store.list(PROGRESS_DIR) if m.key.endswith(".json"))
+
+
+def store_now(store: ObjectStore) -> float:
+    """The store's own clock: the timestamp it gives an object written now."""
+    store.put(CLOCK_KEY, b"", mode="overwrite")
+    return store.head(CLOCK_KEY).last_modified
+
+
+@dataclass
+class GcReport:
+    """What one gc run deleted (and what it kept for the grace period)."""
+
+    data_files: int = 0
+    data_bytes: int = 0
+    log_entries: int = 0
+    snapshots: int = 0
+    temp_files: int = 0
+    kept_in_grace: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _protected_by_recent_reclaims(store: ObjectStore, state: ReplayState, cutoff: float,
+                                  reclaim_versions: list[int]) -> set[str]:
+    """Paths removed by reclaim entries committed after ``cutoff`` (store time): readers
+    with an older view may still read them during the grace period."""
+    paths: set[str] = set()
+    for v in reversed(reclaim_versions):
+        try:
+            if store.head(log_key(v)).last_modified <= cutoff:
+                break
+            entry = read_entry(store, v)
+        except NotFoundError:
+            break
+        if isinstance(entry, Reclaim):
+            paths |= {f.path for f in entry.removed}
+    return paths
+
+
+def _progress(label: str) -> Callable[[int, int], None]:
+    if not sys.stderr.isatty():
+        return lambda _done, _total: None
+
+    def show(done: int, total: int) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
+            reclaim_versions: list[int], delta_checkpoint_version: int | None) -> GcReport:
+    """Deletes, after ``grace_seconds`` by the store's clock: data files no live fragment
+    references (reclaimed, void, or uploaded and never committed), temp files of killed
+    local writers, and log entries and snapshots older than both the newest snapshot and
+    the newest Delta checkpoint (so Lakestream and Delta readers still open the table).
+
+    Idempotent and safe to kill at any point: it only deletes what nothing needs.
+    """
+    if grace_seconds < 0:
+        raise ValueError(f"grace_seconds must be >= 0, got {grace_seconds}")
+    report = GcReport()
+    now = store_now(store)
+    cutoff = now - grace_seconds
+    protected = _protected_by_recent_reclaims(store, state, cutoff, reclaim_versions)
+    doomed = []
+    for meta in unreferenced(store, state):
+        if meta.last_modified <= cutoff and meta.key not in protected:
+            doomed.append(meta)
+        else:
+            report.kept_in_grace += 1
+    show = _progress("gc data")
+    for i, meta in enumerate(doomed, 1):
+        failpoint("during_gc")
+        store.delete(meta.key)
+        report.data_files += 1
+        report.data_bytes += meta.size
+        show(i, len(doomed))
+    list_temp = getattr(store, "list_temp", None)
+    if list_temp is not None:
+        for meta in list_temp(""):
+            if meta.last_modified <= cutoff:
+                store.delete(meta.key)
+                report.temp_files += 1
+    _compact(store, state, cutoff, reclaim_versions, delta_checkpoint_version, report)
+    return report
+
+
+def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
+             reclaim_versions: list[int], delta_checkpoint_version: int | None,
+             report: GcReport) -> None:
+    """Deletes log entries and snapshots nothing needs any more."""
+    interval = state.stream_meta.snapshot_interval
+    newest = (state.version // interval) * interval
+    try:
+        store.head(snapshot_key(newest))
+    except NotFoundError:
+        return  # the snapshot a reader would open from is missing: keep the whole log
+    # Keep the previous snapshot too, as a fallback should the newest be damaged.
+    keep_from = max(0, newest - interval)
+    if delta_checkpoint_version is None:
+        return  # without a Delta checkpoint, Delta readers need every entry
+    keep_from = min(keep_from, delta_checkpoint_version)
+    recent = [v for v in reclaim_versions if v < keep_from]
+    for v in recent:
+        try:
+            if store.head(log_key(v)).last_modified > cutoff:
+                keep_from = min(keep_from, v)  # a recent reclaim: readers may still use it
+        except NotFoundError:
+            continue
+    entries = [m for m in store.list(LOG_DIR) if m.key.endswith(".json")
+               and _version(m.key) < keep_from]
+    show = _progress("gc log")
+    for i, meta in enumerate(entries, 1):
+        if meta.last_modified > cutoff:
+            continue
+        failpoint("during_gc")
+        store.delete(meta.key)
+        report.log_entries += 1
+        show(i, len(entries))
+    for meta in store.list(SNAPSHOT_DIR):
+        try:
+            v = _version(meta.key)
+        except ValueError:
+            continue
+        if v < keep_from and meta.last_modified <= cutoff:
+            store.delete(meta.key)
+            report.snapshots += 1
+
+
+def _version(key: str) -> int:
+    return int(key.rsplit("/", 1)[1].split(".")[0])
