@@ -176,12 +176,13 @@ def main() -> None:
     if args.quick:
         args.duration, args.producers, args.growth_versions = 2.0, [1, 8], 2_000
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.s3server import start_s3
     from tests.s3server import s3_options as s3_config
+    from tests.s3server import start_s3
 
     server, url = start_s3("bench")
-    result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                          "platform": platform.platform()},
+    machine = {"cpus": os.cpu_count(), "python": platform.python_version(),
+               "platform": platform.platform()}
+    result: dict[str, Any] = {"machine": machine,
                               "command": " ".join(["bench/ingest.py", *sys.argv[1:]]),
                               "scaling": []}
     try:

@@ -19,14 +19,17 @@ class IntervalController:
     point: the expected growth per commit, p·interval ≈ (n-1)·w, does not depend on the
     interval, so it drifts to a bound.)
 
-    Low load is detected directly: when no other producer committed since our last commit,
-    the interval drops to ``min_s`` and the next commit goes at once. Jitter keeps producers
-    out of lockstep. No clock and no I/O: ``observe`` is a function of its inputs and the
-    random stream.
+    ``latency_floor_s`` stands for what a commit's own latency does not show: on a busy
+    host the window between reading the head and the put landing includes time spent
+    descheduled. Low load is detected directly: when no other producer committed since our
+    last commit, the interval drops to ``min_s`` and the next commit goes at once. Jitter
+    keeps producers out of lockstep. No clock and no I/O: ``observe`` is a function of its
+    inputs and the random stream.
     """
 
     def __init__(self, *, min_s: float = 0.0, max_s: float = 5.0, increase: float = 2.0,
-                 gain: float = 0.002, conflict_floor_s: float = 0.002, jitter: float = 0.25,
+                 gain: float = 0.001, conflict_floor_s: float = 0.002,
+                 latency_floor_s: float = 0.002, jitter: float = 0.25,
                  rng: random.Random | None = None) -> None:
         if not 0 <= min_s <= max_s:
             raise ValueError(f"need 0 <= min_s <= max_s, got {min_s}, {max_s}")
@@ -35,6 +38,7 @@ class IntervalController:
         self.min_s, self.max_s = min_s, max_s
         self.increase, self.gain = increase, gain
         self.conflict_floor_s, self.jitter = conflict_floor_s, jitter
+        self.latency_floor_s = latency_floor_s
         self.interval = min_s
         self._rng = rng or random.Random()
 
@@ -52,7 +56,7 @@ class IntervalController:
         elif others == 0:
             self.interval = self.min_s
         elif self.interval > 0:
-            rate = 1.0 / self.interval + self.gain / max(latency_s, 1e-4)
+            rate = 1.0 / self.interval + self.gain / max(latency_s, self.latency_floor_s)
             self.interval = max(self.min_s, 1.0 / rate)
         if self.interval <= 0:
             return 0.0
