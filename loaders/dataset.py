@@ -1,0 +1,206 @@
+"""StreamDataset: every rank's slice of the same global batches, as a PyTorch IterableDataset."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from lakestream.errors import LakestreamError
+from lakestream.loaders.collate import Collate, collate_table
+from lakestream.loaders.planning import resolve_rank, worker_steps
+from lakestream.loaders.reader import StepReader
+from lakestream.plan import check_world
+from lakestream.progress import check_group, publish_progress
+from lakestream.stream import Stream
+
+STATE_VERSION = 1
+
+
+def _distributed() -> tuple[int, int] | None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+class StreamDataset(IterableDataset[dict[str, Any]]):
+    """Yields, for each step from ``start_step`` on, this rank's slice of the global batch as
+    a dict of tensors plus ``"step"``.
+
+    Every rank of every run derives the same steps from the log: the slices of all ranks
+    partition each global batch, a step is yielded only once it is committed (all ranks see
+    it at once), and resuming from ``state_dict()`` re-reads exactly the same steps, also
+    with another world size (W must divide B; B/W must hold whole groups).
+
+    With ``DataLoader(ds, batch_size=None, num_workers=n)`` the steps are dealt to workers
+    round-robin, so the loader yields them in order. The dataset tracks the steps it yields
+    when it iterates in this process; with workers, iterate through ``StreamLoader`` (or call
+    ``record_step``) so that ``state_dict()`` knows what was consumed.
+
+    Args:
+        uri: the stream. group: the consumer group (checkpoint markers, progress).
+        rank, world_size: default to torch.distributed, then RANK/WORLD_SIZE, then 0/1.
+        start_step: the first step to read. max_steps: iteration stops before this step.
+        columns: the columns to read (all if None). timeout: seconds to wait for a step
+            (None waits forever). collate: "padded", "packed" or a callable on the table.
+        prefetch: steps decoded ahead, in background threads.
+        progress_interval_s: how often rank 0 publishes progress (for producers'
+            ``max_lag_steps``); 0 disables it.
+        keep_last: if set, each ``commit_checkpoint`` also runs retention keeping the last
+            ``keep_last`` markers of every group (off by default).
+    """
+
+    def __init__(self, uri: str, group: str = "train", rank: int | None = None,
+                 world_size: int | None = None, start_step: int = 0,
+                 columns: list[str] | None = None, timeout: float | None = None,
+                 collate: str | Collate = "padded",
+                 storage_options: dict[str, str] | None = None, *,
+                 max_steps: int | None = None, prefetch: int = 4, read_threads: int = 2,
+                 progress_interval_s: float = 1.0, keep_last: int | None = None) -> None:
+        super().__init__()
+        self.uri, self.group = uri, check_group(group)
+        self.storage_options = storage_options
+        self.rank, self.world_size = resolve_rank(rank, world_size, distributed=_distributed())
+        if not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"start_step must be a non-negative int, got {start_step!r}")
+        self.start_step = start_step
+        self.max_steps = max_steps
+        self.columns, self.timeout = columns, timeout
+        if not callable(collate) and collate not in ("padded", "packed"):
+            raise ValueError(f"collate must be 'padded', 'packed' or a callable, got {collate!r}")
+        self.collate = collate
+        self.prefetch, self.read_threads = prefetch, read_threads
+        self.progress_interval_s = progress_interval_s
+        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
+        self.keep_last = keep_last
+        self.policy_version: int | None = None
+        """Set by the trainer; published with progress so producers can stamp samples."""
+        self._stream: Stream | None = None
+        self._published_at = 0.0
+        self.last_reader: StepReader | None = None
+        stream = self.stream
+        check_world(stream.global_batch_size, stream.group_size, self.world_size)
+        if columns is not None:
+            unknown = [c for c in columns if c not in stream.schema.names]
+            if unknown:
+                raise ValueError(f"unknown columns {unknown}; {uri} has {stream.schema.names}")
+
+    @property
+    def stream(self) -> Stream:
+        """This process's handle on the stream (opened lazily, again in each worker)."""
+        if self._stream is None:
+            self._stream = Stream.open(self.uri, self.storage_options)
+        return self._stream
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_stream"] = None  # a worker opens its own handle
+        state["last_reader"] = None
+        return state
+
+    # -- iteration --------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        in_process = info is None
+        reader = StepReader(self.stream, self.rank, self.world_size, columns=self.columns,
+                            prefetch=self.prefetch, threads=self.read_threads,
+                            timeout=self.timeout)
+        self.last_reader = reader
+        steps = worker_steps(self.start_step, self.max_steps, worker, workers)
+        for step, table in reader.read(steps):
+            item = self.collate(table) if callable(self.collate) else collate_table(
+                table, self.collate)
+            if isinstance(item, dict):
+                item["step"] = step
+            if in_process:
+                self.record_step(step)
+            yield item
+
+    # -- state ------------------------------------------------------------------------
+
+    def record_step(self, step: int) -> None:
+        """Notes that ``step`` was consumed: the state now resumes at ``step + 1``, and rank 0
+        publishes progress (throttled)."""
+        self.start_step = step + 1
+        if self.rank == 0 and self.progress_interval_s > 0:
+            now = time.monotonic()
+            if now - self._published_at >= self.progress_interval_s:
+                self._published_at = now
+                self.publish_progress()
+
+    def publish_progress(self) -> None:
+        """Publishes ``{step, policy_version}`` for the group now (rank 0 only)."""
+        if self.rank == 0:
+            publish_progress(self.stream.store, self.group, self.start_step, self.policy_version)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The resume point: the next step to read (torchdata/DCP ``Stateful``)."""
+        return {"version": STATE_VERSION, "next_step": self.start_step, "group": self.group,
+                "global_batch_size": self.stream.global_batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes at the saved step; the world size may differ from the saving run's.
+
+        Raises:
+            LakestreamError: the state belongs to a stream with another global batch size.
+        """
+        b = int(state["global_batch_size"])
+        if b != self.stream.global_batch_size:
+            raise LakestreamError(
+                f"state was saved for global batch size {b}, but {self.uri} has "
+                f"{self.stream.global_batch_size}: it belongs to another stream"
+            )
+        self.start_step = int(state["next_step"])
+
+    def commit_checkpoint(self, step: int | None = None,
+                          checkpoint_id: str | None = None) -> int | None:
+        """Commits the marker "this group has a durable checkpoint resuming at ``step``"
+        (default: the next step to read). Call it on every rank after the distributed
+        checkpoint is saved; rank 0 commits, the others return None. With ``keep_last``
+        set on the dataset, rank 0 then runs retention (``Stream.retain``).
+
+        Returns:
+            The log version of the marker (rank 0).
+        """
+        if self.rank != 0:
+            return None
+        step = self.start_step if step is None else step
+        version = self.stream.mark_checkpoint(self.group, step, checkpoint_id)
+        self.publish_progress()
+        if self.keep_last is not None:
+            self.stream.retain(keep_last=self.keep_last)
+        return version
+
+
+class StreamLoader:
+    """A DataLoader over a StreamDataset that records the steps it yields, so that
+    ``state_dict()`` is right with ``num_workers > 0``. Accepts DataLoader's arguments."""
+
+    def __init__(self, dataset: StreamDataset, num_workers: int = 0, **kwargs: Any) -> None:
+        self.dataset = dataset
+        kwargs.setdefault("batch_size", None)
+        if num_workers:
+            kwargs.setdefault("multiprocessing_context", "spawn")
+            kwargs.setdefault("persistent_workers", False)
+        self.loader = torch.utils.data.DataLoader(dataset, num_workers=num_workers, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            step = batch["step"] if isinstance(batch, dict) else None
+            if step is not None:
+                self.dataset.record_step(int(step))
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)

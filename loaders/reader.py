@@ -1,0 +1,95 @@
+"""The prefetching step reader: waits for steps to become visible and keeps the next few
+decoded in background threads (Parquet decoding releases the GIL)."""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pyarrow as pa
+
+from lakestream.errors import StepNotAvailableError
+from lakestream.stream import Stream
+
+
+class StepReader:
+    """Reads one rank's slices of a sequence of steps, in order, ``prefetch`` steps ahead.
+
+    A step that is not visible yet is waited for by polling the next log entry (a GET, never
+    a LIST), backing off from ``poll_min_s`` to ``poll_max_s``; after ``timeout`` seconds of
+    waiting for one step, ``StepNotAvailableError`` is raised (``timeout=None`` waits forever).
+    """
+
+    def __init__(self, stream: Stream, rank: int, world_size: int, *,
+                 columns: list[str] | None = None, prefetch: int = 4, threads: int = 2,
+                 timeout: float | None = None, poll_min_s: float = 0.005,
+                 poll_max_s: float = 0.5) -> None:
+        if prefetch < 0 or threads < 1:
+            raise ValueError("prefetch must be >= 0 and threads >= 1")
+        self.stream, self.rank, self.world_size = stream, rank, world_size
+        self.columns, self.prefetch, self.threads = columns, prefetch, threads
+        self.timeout, self.poll_min_s, self.poll_max_s = timeout, poll_min_s, poll_max_s
+        self.wait_s = 0.0
+        """Time spent waiting for steps to become visible."""
+        self.read_latencies_s: list[float] = []
+        """Per step: from asking for it (once visible) to its slice being decoded."""
+
+    def _read(self, step: int) -> tuple[pa.Table, float]:
+        t0 = time.perf_counter()
+        table = self.stream.read_step(step, self.rank, self.world_size, self.columns)
+        return table, time.perf_counter() - t0
+
+    def wait_visible(self, step: int) -> None:
+        """Returns once ``step`` is committed.
+
+        Raises:
+            StepNotAvailableError: still not visible after ``timeout`` seconds.
+        """
+        if self.stream.num_steps > step:
+            return
+        t0 = time.monotonic()
+        delay = self.poll_min_s
+        while True:
+            self.stream.refresh()
+            if self.stream.num_steps > step:
+                self.wait_s += time.monotonic() - t0
+                return
+            waited = time.monotonic() - t0
+            if self.timeout is not None and waited >= self.timeout:
+                self.wait_s += waited
+                raise StepNotAvailableError(
+                    f"step {step} of {self.stream.uri} did not become visible within "
+                    f"{self.timeout}s ({self.stream.num_steps} steps committed); producers "
+                    "may be stalled"
+                )
+            pause = delay if self.timeout is None else min(delay, self.timeout - waited)
+            time.sleep(max(pause, 0.0))
+            delay = min(self.poll_max_s, delay * 2)
+
+    def read(self, steps: Iterable[int]) -> Iterator[tuple[int, pa.Table]]:
+        """Yields ``(step, slice)`` for ``steps`` in order."""
+        it = iter(steps)
+        held: int | None = None  # the next step, taken from `it` but not yet submitted
+        pending: collections.deque[tuple[int, Future[tuple[pa.Table, float]]]] = \
+            collections.deque()
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="lakestream-read") as pool:
+            while True:
+                # Keep up to `prefetch` visible steps in flight beyond the one needed next.
+                while len(pending) <= self.prefetch:
+                    if held is None:
+                        held = next(it, None)
+                        if held is None:
+                            break
+                    if pending and self.stream.num_steps <= held:
+                        break  # not visible yet: serve what is in flight first
+                    self.wait_visible(held)
+                    pending.append((held, pool.submit(self._read, held)))
+                    held = None
+                if not pending:
+                    return
+                step, future = pending.popleft()
+                table, latency = future.result()
+                self.read_latencies_s.append(latency)
+                yield step, table

@@ -1,0 +1,168 @@
+"""StreamDataset in one process: slices, collate, workers, tailing, resume."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import lakestream
+from lakestream.errors import StepNotAvailableError
+from lakestream.loaders import StreamDataset, StreamLoader, collate_table, save_checkpoint
+from tests.helpers import SCHEMA, ids, rows
+
+B = 12
+
+
+def _stream(uri: str, steps: int, options: dict[str, str] | None = None) -> lakestream.Stream:
+    s = lakestream.create(uri, SCHEMA, global_batch_size=B, storage_options=options)
+    for k in range(steps * 2):
+        s.append(rows(6 * k, 6))
+    return s
+
+
+def _ids(batch: dict[str, Any]) -> list[int]:
+    return [int(x) for x in batch["id"]]
+
+
+def test_each_item_is_a_rank_slice(tmp_path) -> None:
+    s = _stream(str(tmp_path / "s"), 3)
+    for world in (1, 2, 3, 4, 6):
+        for rank in range(world):
+            ds = StreamDataset(s.uri, rank=rank, world_size=world, max_steps=3)
+            got = [(b["step"], _ids(b)) for b in ds]
+            assert got == [(k, ids(s.read_step(k, rank, world))) for k in range(3)]
+
+
+def test_world_size_must_divide_the_batch(tmp_path) -> None:
+    s = _stream(str(tmp_path / "s"), 1)
+    with pytest.raises(ValueError, match="does not divide the global batch size 12"):
+        StreamDataset(s.uri, rank=0, world_size=5)
+    with pytest.raises(ValueError, match="outside world size"):
+        StreamDataset(s.uri, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="unknown columns"):
+        StreamDataset(s.uri, rank=0, world_size=1, columns=["nope"])
+
+
+def test_rank_comes_from_the_environment(tmp_path, monkeypatch) -> None:
+    s = _stream(str(tmp_path / "s"), 1)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    ds = StreamDataset(s.uri)
+    assert (ds.rank, ds.world_size) == (1, 3)
+
+
+def test_padded_and_packed_collate() -> None:
+    table = pa.table({"id": pa.array([1, 2], pa.int64()),
+                      "tokens": pa.array([[1, 2, 3], [4]], pa.list_(pa.int32())),
+                      "name": ["a", "b"]})
+    padded = collate_table(table)
+    assert padded["tokens"].tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert padded["tokens_lengths"].tolist() == [3, 1] and padded["name"] == ["a", "b"]
+    assert padded["tokens"].dtype == torch.int32 and padded["id"].dtype == torch.int64
+    packed = collate_table(table, "packed")
+    assert packed["tokens"].tolist() == [1, 2, 3, 4]
+    assert packed["tokens_offsets"].tolist() == [0, 3, 4]
+
+
+def test_a_callable_collate_gets_the_table(tmp_path) -> None:
+    s = _stream(str(tmp_path / "s"), 2)
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=2, collate=lambda t: t.num_rows)
+    assert list(ds) == [12, 12]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_yields_every_step_once_in_order(tmp_path, workers: int) -> None:
+    s = _stream(str(tmp_path / "s"), 5)
+    ds = StreamDataset(s.uri, rank=1, world_size=2, max_steps=5)
+    loader = StreamLoader(ds, num_workers=workers)
+    got = [(int(b["step"]), _ids(b)) for b in loader]
+    assert got == [(k, ids(s.read_step(k, 1, 2))) for k in range(5)]
+    assert ds.state_dict()["next_step"] == 5
+
+
+def test_tailing_waits_for_producers_and_times_out(tmp_path) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    writer = lakestream.open(s.uri)
+
+    def produce() -> None:
+        for k in range(6):
+            time.sleep(0.05)
+            writer.append(rows(2 * k, 2))
+
+    t = threading.Thread(target=produce)
+    t.start()
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=3, timeout=10)
+    got = [(b["step"], _ids(b)) for b in ds]
+    t.join()
+    assert got == [(0, [0, 1, 2, 3]), (1, [4, 5, 6, 7]), (2, [8, 9, 10, 11])]
+    late = StreamDataset(s.uri, rank=0, world_size=1, start_step=3, timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(StepNotAvailableError, match="step 3 .* did not become visible"):
+        next(iter(late))
+    assert 0.3 <= time.monotonic() - t0 < 5
+
+
+def _run(uri: str, world: int, workers: int, start: dict[str, Any] | None, steps: int,
+         ckpt: Path | None = None) -> tuple[list[list[int]], dict[str, Any] | None]:
+    """Reads ``steps`` steps on every rank of ``world``; returns each step's ids (ranks
+    concatenated) and, if ``ckpt``, rank 0's state saved there with DCP."""
+    per_rank = []
+    state = None
+    for rank in range(world):
+        ds = StreamDataset(uri, rank=rank, world_size=world)
+        if start is not None:
+            ds.load_state_dict(start)
+        loader = StreamLoader(ds, num_workers=workers)
+        got = []
+        for batch in loader:
+            got.append(_ids(batch))
+            if len(got) == steps:
+                break
+        per_rank.append(got)
+        if rank == 0 and ckpt is not None:
+            save_checkpoint({"model": torch.zeros(2)}, str(ckpt), ds)
+            state = ds.state_dict()
+    return [sum(parts, []) for parts in zip(*per_rank, strict=True)], state
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("before, after", [(2, 2), (2, 1), (1, 4)])
+def test_resume_from_a_dcp_checkpoint_equals_an_uninterrupted_run(
+        tmp_path, workers: int, before: int, after: int) -> None:
+    s = _stream(str(tmp_path / "s"), 6)
+    whole, _ = _run(s.uri, 1, 0, None, 6)
+    head, _ = _run(s.uri, before, workers, None, 2, ckpt=tmp_path / "ckpt")
+    fresh = StreamDataset(s.uri, rank=0, world_size=after)
+    dcp.load({"model": torch.ones(2), "data": fresh}, checkpoint_id=str(tmp_path / "ckpt"))
+    assert fresh.state_dict()["next_step"] == 2
+    tail, _ = _run(s.uri, after, workers, fresh.state_dict(), 4)
+    assert head + tail == whole
+    markers = lakestream.open(s.uri).checkpoints("train")
+    assert [(m.step, m.checkpoint_id) for m in markers] == [(2, str(tmp_path / "ckpt"))]
+
+
+def test_state_of_another_stream_is_refused(tmp_path) -> None:
+    a = _stream(str(tmp_path / "a"), 1)
+    b = lakestream.create(str(tmp_path / "b"), SCHEMA, global_batch_size=6)
+    state = StreamDataset(a.uri, rank=0, world_size=1).state_dict()
+    with pytest.raises(lakestream.LakestreamError, match="global batch size 12"):
+        StreamDataset(b.uri, rank=0, world_size=1).load_state_dict(state)
+
+
+def test_rank_zero_publishes_progress(tmp_path) -> None:
+    from lakestream.progress import read_progress
+
+    s = _stream(str(tmp_path / "s"), 3)
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=3, progress_interval_s=0.0001)
+    ds.policy_version = 5
+    for _ in ds:
+        time.sleep(0.001)
+    progress = read_progress(s.store, "train")
+    assert progress is not None and (progress.step, progress.policy_version) == (3, 5)
