@@ -1,4 +1,4 @@
-"""The ``lakestream`` command: create, status, retain, gc."""
+"""The ``lakestream`` command: create, status, retain, gc, demo."""
 
 from __future__ import annotations
 
@@ -143,10 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("gc", help="delete reclaimed and orphaned files after a grace period")
     p.add_argument("uri")
     p.add_argument("--grace", type=parse_duration, default=3600.0, help="e.g. 30s, 10m, 1h")
+    sub.add_parser("demo", help="run producers and a trainer on a local stream (needs torch)")
     for p in sub.choices.values():
         p.add_argument("-o", "--option", action="append", default=[],
                        help="storage option KEY=VALUE (e.g. AWS_ENDPOINT_URL=...)")
     args = parser.parse_args(argv)
+    if args.command == "demo":
+        # The demo is an application on top of every layer; the core never imports it.
+        from lakestream.demo.job import main as demo
+
+        return demo()
     try:
         if args.command == "create":
             s = Stream.create(args.uri, parse_schema(args.schema),
