@@ -166,3 +166,20 @@ def test_rank_zero_publishes_progress(tmp_path) -> None:
         time.sleep(0.001)
     progress = read_progress(s.store, "train")
     assert progress is not None and (progress.step, progress.policy_version) == (3, 5)
+
+
+def test_keep_last_runs_retention_from_the_checkpoint_hook(tmp_path) -> None:
+    s = _stream(str(tmp_path / "s"), 6)
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=4, keep_last=1)
+    for _ in ds:
+        pass
+    ds.commit_checkpoint(checkpoint_id="c4")
+    s.refresh()
+    assert s.state.reclaimed_below == 4 * B
+    with pytest.raises(StepNotAvailableError, match="reclaimed"):
+        s.read_step(3)
+    off = StreamDataset(s.uri, rank=0, world_size=1, start_step=4, max_steps=5)
+    for _ in off:
+        pass
+    off.commit_checkpoint(checkpoint_id="c5")
+    assert lakestream.open(s.uri).state.reclaimed_below == 4 * B  # off by default
