@@ -1,134 +1,273 @@
-"""A short asynchronous-RL style run on a local stream.
+"""The main job: an asynchronous RL pipeline on a local stream, with faults, verified.
 
-Two rollout producer processes write GRPO groups (4 responses per prompt) with a prompt
-cursor as their committed state and a staleness bound; a trainer process reads every step
-through ``StreamDataset`` and publishes its progress. One producer is SIGKILLed midway and
-restarted: it resumes from its committed cursor. At the end the job checks that every
-prompt's group was committed exactly once and that the trainer read every step once, in
-order, each step matching ``read_step``.
+Three rollout producer processes write GRPO groups (4 responses per prompt) with a prompt
+cursor as their committed state and a staleness bound; a trainer of two gloo ranks trains a
+tiny policy with DDP over ``StreamDataset``, saving a distributed checkpoint every few steps
+(marker + retention keep_last=2). Midway one producer and then the whole trainer are
+SIGKILLed and restarted. At the end the job verifies what it promises and prints a summary.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
 import lakestream
-from lakestream.producers import Producer
-
-G, B = 4, 16
-SCHEMA = pa.schema([
-    ("prompt_id", pa.int64()),
-    ("tokens", pa.list_(pa.int32())),
-    ("logprobs", pa.list_(pa.float32())),
-    ("reward", pa.float32()),
-    ("policy_version", pa.int64()),
-])
+from lakestream.demo.rollout import SCHEMA, G
+from lakestream.progress import read_progress
 
 
-def group(prompt: int, policy_version: int) -> pa.Table:
-    """G synthetic responses to one prompt; generation time grows with length."""
-    rng = np.random.default_rng(prompt)
-    lengths = rng.integers(16, 256, size=G)
-    time.sleep(float(lengths.sum()) * 2e-6)
-    return pa.table({
-        "prompt_id": pa.array([prompt] * G, pa.int64()),
-        "tokens": pa.array([rng.integers(0, 32000, n).astype(np.int32) for n in lengths],
-                           pa.list_(pa.int32())),
-        "logprobs": pa.array([-rng.exponential(1.0, n).astype(np.float32) for n in lengths],
-                             pa.list_(pa.float32())),
-        "reward": pa.array(rng.random(G).astype(np.float32)),
-        "policy_version": pa.array([policy_version] * G, pa.int64()),
-    }, schema=SCHEMA)
+@dataclass(frozen=True)
+class DemoConfig:
+    steps: int = 600
+    global_batch_size: int = 16
+    producers: int = 3
+    ranks: int = 2
+    checkpoint_every: int = 25
+    max_lag_steps: int = 4
+    kill_producer_at_step: int = 120
+    kill_trainer_at_step: int = 330
+
+    @property
+    def prompts(self) -> int:
+        return self.steps * self.global_batch_size // G
 
 
-def producer(uri: str, index: int, prompts: int) -> None:
-    """Writes prompts index, index+2, ... resuming from the committed cursor."""
-    from lakestream.progress import read_progress
-
-    with Producer(uri, f"rollout-{index}", max_lag_steps=4) as p:
-        k = p.state["next"] if p.state else 0
-        while k < prompts:
-            progress = read_progress(p.stream.store, "train")
-            version = progress.policy_version if progress and progress.policy_version else 0
-            p.write(group(2 * k + index, version), state={"next": k + 1})
-            k += 1
+def _spawn(module: str, *args: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", module, *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def trainer(uri: str, steps: int, out: Any) -> None:
-    from lakestream.loaders import StreamDataset
+class Pipeline:
+    def __init__(self, root: str, cfg: DemoConfig) -> None:
+        self.root, self.cfg = Path(root), cfg
+        self.uri = str(self.root / "rollouts")
+        self.logs = self.root / "logs"
+        self.logs.mkdir(parents=True)
+        self.stream = lakestream.create(self.uri, SCHEMA, global_batch_size=cfg.global_batch_size,
+                                        group_size=G)
+        self.producers: dict[int, subprocess.Popen[bytes]] = {}
+        self.trainer: list[subprocess.Popen[bytes]] = []
+        self.timeline: list[dict[str, float]] = []
+        self.t0 = time.time()
+        self.trainer_runs = 0
 
-    ds = StreamDataset(uri, rank=0, world_size=1, max_steps=steps, timeout=120,
-                       progress_interval_s=0.1)
-    seen, waits = [], []
-    t = time.perf_counter()
-    for batch in ds:
-        waits.append(time.perf_counter() - t)
-        ds.policy_version = int(batch["step"]) + 1  # one optimizer step per batch
-        seen.append((int(batch["step"]), [int(x) for x in batch["prompt_id"]]))
-        time.sleep(0.02)  # the "training" step
-        t = time.perf_counter()
-    reader = ds.last_reader
-    lat = sorted(reader.read_latencies_s) if reader else [0.0]
-    out.put({"seen": seen, "wait_s": sum(waits),
-             "p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * lat[int(len(lat) * 0.99)]})
+    def start_producer(self, i: int) -> None:
+        per = -(-self.cfg.prompts // self.cfg.producers)
+        prompts = min(per, max(0, (self.cfg.prompts - i + self.cfg.producers - 1)
+                               // self.cfg.producers))
+        self.producers[i] = _spawn("lakestream.demo.rollout", self.uri, i, self.cfg.producers,
+                                   prompts, self.cfg.max_lag_steps, self.logs / "producers.jsonl")
+
+    def start_trainer(self) -> None:
+        self.trainer_runs += 1
+        init = self.logs / f"init-{self.trainer_runs}"
+        self.trainer = [_spawn("lakestream.demo.trainer", self.uri, r, self.cfg.ranks, init,
+                               self.cfg.steps, self.cfg.checkpoint_every, self.logs)
+                        for r in range(self.cfg.ranks)]
+
+    def trainer_step(self) -> int:
+        progress = read_progress(self.stream.store, "train")
+        return progress.step if progress else 0
+
+    def tick(self) -> None:
+        self.stream.refresh()
+        self.timeline.append({"t": time.time() - self.t0, "samples": self.stream.num_samples,
+                              "steps": self.stream.num_steps, "trained": self.trainer_step()})
+
+    def run(self) -> None:
+        cfg = self.cfg
+        for i in range(cfg.producers):
+            self.start_producer(i)
+        self.start_trainer()
+        producer_killed = trainer_killed = False
+        last_print = 0.0
+        while True:
+            time.sleep(0.2)
+            self.tick()
+            trained = self.timeline[-1]["trained"]
+            if not producer_killed and trained >= cfg.kill_producer_at_step:
+                os.kill(self.producers[1].pid, signal.SIGKILL)
+                self.producers[1].wait()
+                print(f"  fault: rollout-1 SIGKILLed at trainer step {trained}; restarting it")
+                self.start_producer(1)
+                producer_killed = True
+            if not trainer_killed and trained >= cfg.kill_trainer_at_step:
+                for p in self.trainer:
+                    os.kill(p.pid, signal.SIGKILL)
+                for p in self.trainer:
+                    p.wait()
+                marker = self.stream.checkpoints("train")[-1]
+                print(f"  fault: trainer SIGKILLed at step {trained}; restarting from the "
+                      f"checkpoint at step {marker.step}")
+                self.start_trainer()
+                trainer_killed = True
+            now = time.time() - self.t0
+            if now - last_print >= 3:
+                last_print = now
+                tl = self.timeline[-1]
+                print(f"  t={now:5.1f}s  committed steps {int(tl['steps']):4d}  trained "
+                      f"{int(tl['trained']):4d}/{cfg.steps}  log version {self.stream.version}",
+                      flush=True)
+            if all(p.poll() is not None for p in self.trainer):
+                break
+        for p in [*self.producers.values(), *self.trainer]:
+            _, err = p.communicate(timeout=120)
+            if p.returncode:
+                raise RuntimeError(f"a demo process failed ({p.returncode}): "
+                                   f"{err.decode()[-2000:]}")
+        self.tick()
 
 
-def run(root: str, prompts: int = 400) -> bool:
-    uri = f"{root}/rollouts"
-    s = lakestream.create(uri, SCHEMA, global_batch_size=B, group_size=G)
-    print(f"stream: {uri}")
-    steps = prompts * G // B
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    t0 = time.time()
-    train = ctx.Process(target=trainer, args=(uri, steps, out))
-    producers = [ctx.Process(target=producer, args=(uri, i, prompts // 2)) for i in range(2)]
-    for p in (train, *producers):
-        p.start()
-    time.sleep(2.0)
-    os.kill(producers[0].pid or 0, signal.SIGKILL)
-    producers[0].join()
-    print("fault: rollout-0 SIGKILLed; restarting it from its committed cursor")
-    producers[0] = ctx.Process(target=producer, args=(uri, 0, prompts // 2))
-    producers[0].start()
-    result = out.get(timeout=600)
-    for p in (train, *producers):
-        p.join(timeout=120)
-    wall = time.time() - t0
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def verify(pipe: Pipeline) -> tuple[dict[str, bool], dict[str, Any]]:
+    cfg, s = pipe.cfg, pipe.stream
     s.refresh()
-    counts = Counter(pid for step in range(s.num_steps)
-                     for pid in s.read_step(step, columns=["prompt_id"])["prompt_id"].to_pylist())
-    exactly_once = sorted(counts) == list(range(prompts)) and set(counts.values()) == {G}
-    in_order = [step for step, _ in result["seen"]] == list(range(steps))
-    same = all(ids == s.read_step(step, columns=["prompt_id"])["prompt_id"].to_pylist()
-               for step, ids in result["seen"])
-    print(f"{'samples committed':<28}{s.num_samples:>10}")
-    print(f"{'producer samples/s':<28}{s.num_samples / wall:>10.0f}")
-    print(f"{'log versions':<28}{s.version:>10}")
-    print(f"{'step read p50 / p99 (ms)':<28}{result['p50_ms']:>5.1f} / {result['p99_ms']:.1f}")
-    print(f"{'trainer waited for data (s)':<28}{result['wait_s']:>10.2f}")
-    print(f"every prompt committed exactly once: {'yes' if exactly_once else 'NO'}")
-    print(f"trainer read every step once, in order, as committed: "
-          f"{'yes' if in_order and same else 'NO'}")
-    return exactly_once and in_order and same
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(pipe.logs.glob("rank*.jsonl")):
+        runs[path.name] = _read_jsonl(path)
+    by_rank_step: dict[tuple[int, int], list[list[list[int]]]] = {}
+    for name, rows in runs.items():
+        rank = int(name.split("-")[0][4:])
+        for r in rows:
+            by_rank_step.setdefault((rank, r["step"]), []).append(r["ids"])
+    # The steps read twice (after the trainer restart) must be identical on each rank.
+    reread = {k: v for k, v in by_rank_step.items() if len(v) > 1}
+    same_after_restart = all(all(x == v[0] for x in v) for v in reread.values())
+    trained: Counter[tuple[int, int]] = Counter()
+    for (_rank, _step), reads in by_rank_step.items():
+        for pid, resp in reads[0]:
+            trained[(pid, resp)] += 1
+    expected = {(p, r) for p in range(cfg.prompts) for r in range(G)}
+    every_step = {k[1] for k in by_rank_step} == set(range(cfg.steps))
+    exactly_once = (set(trained) == expected and set(trained.values()) == {1}
+                    and s.num_samples == cfg.prompts * G and every_step)
+    staleness: Counter[int] = Counter()
+    for rows in runs.values():
+        for r in rows:
+            for v in r["versions"]:
+                staleness[r["step"] - v] += 1
+    # A generation is admitted while committed steps exceed the published progress by at most
+    # max_lag_steps; the other producers' admitted groups may land first (under a step), and
+    # the published progress trails the trainer by up to one publish interval (a step or two).
+    bound = cfg.max_lag_steps + 3
+    staleness_held = max(staleness) <= bound
+    kept = [m.step for m in s.checkpoints("train")[-2:]]
+    reclaim_ok = s.state.reclaimed_below <= min(kept) * cfg.global_batch_size
+    from deltalake import DeltaTable, QueryBuilder
+
+    q = QueryBuilder().register("t", DeltaTable(pipe.uri))
+    delta_rows = q.execute("select count(*) as n from t").read_all()
+    import pyarrow as pa
+
+    delta_count = int(pa.table(delta_rows).column("n")[0].as_py())
+    delta_ok = delta_count == s.num_samples - s.state.reclaimed_below
+    checks = {
+        "every produced sample committed exactly once (and trained once)": exactly_once,
+        f"the {len({k[1] for k in reread})} steps re-read after the trainer restart equal the "
+        "first reads, rank by rank": same_after_restart,
+        f"staleness bound held (max {max(staleness)} <= {bound} steps)": staleness_held,
+        f"reclaimed only below the oldest retained checkpoint (step {min(kept)})": reclaim_ok,
+        f"deltalake reads the {delta_count} remaining samples": delta_ok,
+    }
+    return checks, {"staleness": dict(sorted(staleness.items())), "reread_steps": len(reread)}
+
+
+def summary(pipe: Pipeline, facts: dict[str, Any]) -> list[str]:
+    s = pipe.stream
+    prod = _read_jsonl(pipe.logs / "producers.jsonl")
+    reads = [r for p in pipe.logs.glob("reads-rank*.json") for r in _read_jsonl(p)]
+    lat = sorted(x for r in reads for x in r["latencies_s"]) or [0.0]
+    wall = pipe.timeline[-1]["t"]
+    mb = (sum(f.size for f in s.state.fragments) + _reclaimed_bytes(s)) / 1e6
+    commits = sum(p["commits"] for p in prod)
+    attempts = sum(p["attempts"] for p in prod)
+    reclaimed = _reclaimed_bytes(s)
+    rows = [
+        ("producer samples/s", f"{s.num_samples / wall:.0f}"),
+        ("producer MB/s (Parquet, zstd)", f"{mb / wall:.2f}"),
+        ("commits / conflicts", f"{commits} / {sum(p['conflicts'] for p in prod)} "
+                                f"in {attempts} attempts (instances that finished)"),
+        ("fragments per commit", f"{sum(p['fragments'] for p in prod) / max(1, commits):.2f}"),
+        ("step read latency p50 / p99", f"{1000 * lat[len(lat) // 2]:.1f} / "
+                                        f"{1000 * lat[int(0.99 * (len(lat) - 1))]:.1f} ms"),
+        ("trainer time waiting for data", f"{sum(r['wait_s'] for r in reads):.1f} s "
+                                          f"(over ranks, last run)"),
+        ("staleness histogram (steps: samples)",
+         ", ".join(f"{k}: {v}" for k, v in facts["staleness"].items())),
+        ("bytes reclaimed", f"{reclaimed}"),
+        ("log versions", f"{s.version}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return [f"  {k:<{width}}  {v}" for k, v in rows]
+
+
+def _reclaimed_bytes(s: lakestream.Stream) -> int:
+    from lakestream.log import Reclaim
+    from lakestream.snapshot import read_entry
+
+    total = 0
+    for v in s.state.reclaim_versions:
+        entry = read_entry(s.store, v)
+        if isinstance(entry, Reclaim):
+            total += sum(f.size for f in entry.removed)
+    return total
+
+
+def plot(pipe: Pipeline, facts: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tl = pipe.timeline
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    a.plot([x["t"] for x in tl], [x["samples"] for x in tl], label="committed samples")
+    a.plot([x["t"] for x in tl], [x["trained"] * pipe.cfg.global_batch_size for x in tl],
+           label="trained samples")
+    a.set_xlabel("seconds")
+    a.legend()
+    a.set_title("throughput (faults: one producer, then the trainer)")
+    hist = facts["staleness"]
+    b.bar(list(hist), list(hist.values()))
+    b.set_xlabel("staleness (trained step - policy version)")
+    b.set_title(f"staleness, max_lag_steps={pipe.cfg.max_lag_steps}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def run(root: str, cfg: DemoConfig | None = None, plot_path: Path | None = None) -> bool:
+    cfg = cfg or DemoConfig()
+    pipe = Pipeline(root, cfg)
+    print(f"stream: {pipe.uri}")
+    print(f"{cfg.producers} rollout producers, a trainer of {cfg.ranks} gloo ranks, "
+          f"{cfg.steps} steps of {cfg.global_batch_size} samples")
+    pipe.run()
+    checks, facts = verify(pipe)
+    for line in summary(pipe, facts):
+        print(line)
+    if plot_path is not None:
+        plot(pipe, facts, plot_path)
+        print(f"plot: {plot_path}")
+    for text, ok in checks.items():
+        print(f"{'ok  ' if ok else 'FAIL'} {text}")
+    return all(checks.values())
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="lakestream-demo-") as root:
-        ok = run(root)
+    root = tempfile.mkdtemp(prefix="lakestream-demo-")
+    ok = run(root, plot_path=Path(root) / "demo.png")
     print("verifications passed" if ok else "VERIFICATION FAILED")
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

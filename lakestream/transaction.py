@@ -107,9 +107,11 @@ def commit(store: ObjectStore, state: ReplayState, build: Build,
         if winner is not None:
             conflicts += 1
             state.apply(version, winner)
-            read_tail(store, state)
             unknown = False
+            # Back off first, then catch up: after sleeping, the head has moved again, and a
+            # put built on the view from before the sleep would lose for certain.
             _backoff(options, conflicts)
+            read_tail(store, state)
         else:
             failures += 1
             _backoff(options, failures)

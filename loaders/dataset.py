@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -82,7 +83,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.policy_version: int | None = None
         """Set by the trainer; published with progress so producers can stamp samples."""
         self._stream: Stream | None = None
-        self._published_at = 0.0
+        self._publisher: threading.Thread | None = None
         self.last_reader: StepReader | None = None
         stream = self.stream
         check_world(stream.global_batch_size, stream.group_size, self.world_size)
@@ -101,6 +102,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_stream"] = None  # a worker opens its own handle
+        state["_publisher"] = None
         state["last_reader"] = None
         return state
 
@@ -128,13 +130,27 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
 
     def record_step(self, step: int) -> None:
         """Notes that ``step`` was consumed: the state now resumes at ``step + 1``, and rank 0
-        publishes progress (throttled)."""
+        publishes progress (at most every ``progress_interval_s``, and always the latest)."""
         self.start_step = step + 1
-        if self.rank == 0 and self.progress_interval_s > 0:
-            now = time.monotonic()
-            if now - self._published_at >= self.progress_interval_s:
-                self._published_at = now
-                self.publish_progress()
+        if self.rank == 0 and self.progress_interval_s > 0 and self._publisher is None:
+            self._publisher = threading.Thread(target=self._publish_loop, daemon=True,
+                                               name="lakestream-progress")
+            self._publisher.start()
+
+    def _publish_loop(self) -> None:
+        # A background publisher, not a throttle on record_step: a throttle drops the last
+        # update when the trainer consumes a burst of steps and then waits for more, and
+        # producers held by max_lag_steps would wait for that update forever.
+        published = -1
+        while True:
+            step = self.start_step
+            if step != published:
+                try:
+                    self.publish_progress()
+                    published = step
+                except LakestreamError:
+                    pass  # advisory: the next round retries
+            time.sleep(self.progress_interval_s)
 
     def publish_progress(self) -> None:
         """Publishes ``{step, policy_version}`` for the group now (rank 0 only)."""

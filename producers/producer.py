@@ -80,9 +80,11 @@ class Producer:
         self._last_state: Any = mine.state
         self._inflight = 0
         self._inflight_bytes = 0
+        self._pending_rows = 0
         self._error: BaseException | None = None
         self._closed = False
         self._progress_at = 0.0
+        self._admitted = False
         self._progress_step = 0
         self._pool = ThreadPoolExecutor(self.options.upload_threads,
                                         thread_name_prefix=f"lakestream-upload-{producer_id}")
@@ -121,7 +123,8 @@ class Producer:
 
         ``state`` is committed atomically with it (JSON-serialisable; None keeps the last
         state). Blocks while too much is in flight, and, with ``max_lag_steps``, while the
-        stream is more than that many steps ahead of the consumer group's progress.
+        stream is more than that many steps ahead of the consumer group's progress (unless
+        ``wait_for_lag`` admitted this write already).
 
         Raises:
             SchemaMismatchError: ``data`` does not fit the schema (nothing is uploaded).
@@ -143,8 +146,9 @@ class Producer:
                              "split the write")
         if state is not None:
             _check_json(state)
-        if self.max_lag_steps is not None:
-            self._wait_for_lag(self.max_lag_steps)
+        if not self._admitted:
+            self.wait_for_lag()
+        self._admitted = False
         o = self.options
         with self._cond:
             while self._error is None and self._inflight and (
@@ -156,6 +160,7 @@ class Producer:
             self._next_seq += 1
             self._inflight += 1
             self._inflight_bytes += nbytes
+            self._pending_rows += rows
             if state is not None:
                 self._last_state = state
             carried = self._last_state
@@ -261,9 +266,32 @@ class Producer:
             self._committed_state = state
             self._inflight -= len(fragments)
             self._inflight_bytes -= sum(u.nbytes for u in fragments)
+            self._pending_rows -= sum(u.rows for u in fragments)
             self._cond.notify_all()
 
-    def _wait_for_lag(self, k: int) -> None:
+    def _lag_steps(self) -> float:
+        """Steps ahead of the group's progress, counting this producer's own writes that
+        are not committed yet: a backlog waiting for its commit lands in later steps."""
+        with self._cond:
+            pending = self._pending_rows
+        b = self._stream.global_batch_size
+        return (self._stream.num_samples + pending) / b - self._progress_step
+
+    def wait_for_lag(self) -> None:
+        """Blocks while committed steps exceed the consumer group's progress by more than
+        ``max_lag_steps`` (returns at once without a bound), then admits one write.
+
+        A rollout worker calls it before generating, so that the policy version it reads
+        and stamps is no older than the bound allows; the next ``write`` then goes through
+        without waiting again (blocking a sample already generated would only make it
+        staler). A ``write`` without a prior admission waits here itself.
+
+        Raises:
+            ProducerFencedError, LakestreamError: a background failure while waiting.
+        """
+        k = self.max_lag_steps
+        if k is None:
+            return
         group, poll = self.options.progress_group, self.options.progress_poll_s
         t0 = time.monotonic()
         while True:
@@ -272,14 +300,15 @@ class Producer:
                 progress = read_progress(self._stream.store, group)
                 self._progress_step = progress.step if progress else 0
                 self._progress_at = now
-            if self._stream.num_steps - self._progress_step <= k:
+            if self._lag_steps() <= k:
                 break
             self._check()
             self._stream.refresh()
-            if self._stream.num_steps - self._progress_step <= k:
+            if self._lag_steps() <= k:
                 break
             time.sleep(poll)
         self.stats.lag_wait_s += time.monotonic() - t0
+        self._admitted = True
 
 
 def _check_json(state: Any) -> None:

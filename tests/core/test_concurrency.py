@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 
 import lakestream
 from lakestream.errors import NotFoundError
@@ -60,3 +61,37 @@ def test_processes_race_to_append(backend) -> None:
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0] * WRITERS
     _check(uri, backend.options)
+
+
+def test_a_committer_behind_a_busy_writer_gets_through_in_few_attempts(tmp_path) -> None:
+    """Regression: after a lost race the commit loop caught up with the head and then slept
+    its backoff, so the view it built its next put on was stale again and it lost again -
+    40 races in a row behind writers committing every few milliseconds."""
+    from lakestream.log import Checkpoint, Fence
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
+    s.append(rows(0, 2))
+    busy = lakestream.open(s.uri)
+    stop = threading.Event()
+
+    def hammer() -> None:
+        e = 0
+        while not stop.is_set():
+            e += 1
+            busy.commit(lambda _s, cid, e=e: Fence("busy", e, cid))
+            time.sleep(0.003)
+
+    t = threading.Thread(target=hammer)
+    t.start()
+    me = lakestream.open(s.uri)
+    try:
+        conflicts = []
+        for _ in range(20):
+            time.sleep(0.02)  # let the busy writer move the head past our view
+            result = me.commit(lambda _s, cid: Checkpoint("train", 0, None, cid))
+            assert result is not None
+            conflicts.append(result.conflicts)
+    finally:
+        stop.set()
+        t.join()
+    assert max(conflicts) <= 8 and sum(conflicts) / len(conflicts) <= 2, conflicts

@@ -183,3 +183,26 @@ def test_keep_last_runs_retention_from_the_checkpoint_hook(tmp_path) -> None:
         pass
     off.commit_checkpoint(checkpoint_id="c5")
     assert lakestream.open(s.uri).state.reclaimed_below == 4 * B  # off by default
+
+
+def test_progress_after_a_burst_is_published_while_the_trainer_waits(tmp_path) -> None:
+    """Regression: a throttled publish dropped the last progress update when the trainer
+    consumed a burst of steps and then waited for more, so producers held by max_lag_steps
+    and the trainer waited on each other forever (found by the demo)."""
+    from lakestream.progress import read_progress
+
+    s = _stream(str(tmp_path / "s"), 3)
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=4, timeout=5,
+                       progress_interval_s=0.3)
+    t = threading.Thread(target=lambda: [None for _ in ds], daemon=True)
+    t.start()  # consumes steps 0-2 in a burst, then waits for step 3
+    deadline = time.monotonic() + 3
+    progress = read_progress(s.store, "train")
+    while time.monotonic() < deadline and (progress is None or progress.step < 3):
+        time.sleep(0.05)
+        progress = read_progress(s.store, "train")
+    assert progress is not None and progress.step == 3
+    s.append(rows(72, 6))
+    s.append(rows(78, 6))
+    t.join(timeout=10)
+    assert not t.is_alive()
