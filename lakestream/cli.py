@@ -1,4 +1,4 @@
-"""The ``lakestream`` command: create, status, retain, gc, demo."""
+"""The ``lakestream`` command: create, status, tail, retain, gc, demo."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import argparse
 import json
 import re
 import sys
+import time
 from typing import Any
 
 import pyarrow as pa
 
 from lakestream.errors import LakestreamError
 from lakestream.inventory import unreferenced
+from lakestream.progress import read_progress
 from lakestream.snapshot import HINT_KEY
 from lakestream.stream import Stream
 
@@ -124,6 +126,23 @@ def _print_status(info: dict[str, Any]) -> None:
         print(f"  {g:<24} {len(ms)} markers, last resume steps: {steps}")
 
 
+def tail(stream: Stream, interval: float, count: int, group: str) -> None:
+    """Prints a line every ``interval`` seconds: version, steps, rates, producers, lag."""
+    last_t, last_samples, n = time.monotonic(), stream.num_samples, 0
+    while count <= 0 or n < count:
+        time.sleep(interval if n else 0)
+        stream.refresh()
+        now = time.monotonic()
+        rate = (stream.num_samples - last_samples) / max(now - last_t, 1e-9)
+        last_t, last_samples, n = now, stream.num_samples, n + 1
+        progress = read_progress(stream.store, group)
+        lag = "-" if progress is None else str(stream.num_steps - progress.step)
+        producers = " ".join(f"{p}:{e}/{s}" for p, (e, s, _) in sorted(stream.producers.items()))
+        print(f"{time.strftime('%H:%M:%S')} version {stream.version} steps {stream.num_steps} "
+              f"samples {stream.num_samples} ({rate:.0f}/s) {group} lag {lag} | {producers}",
+              flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lakestream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -143,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("gc", help="delete reclaimed and orphaned files after a grace period")
     p.add_argument("uri")
     p.add_argument("--grace", type=parse_duration, default=3600.0, help="e.g. 30s, 10m, 1h")
+    p = sub.add_parser("tail", help="follow a stream live: new steps, producers, lag")
+    p.add_argument("uri")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between lines")
+    p.add_argument("--count", type=int, default=0, help="stop after this many lines (0: never)")
+    p.add_argument("--group", default="train", help="the consumer group whose lag is shown")
     sub.add_parser("demo", help="run producers and a trainer on a local stream (needs torch)")
     for p in sub.choices.values():
         p.add_argument("-o", "--option", action="append", default=[],
@@ -171,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"deleted {report.data_files} data files ({report.data_bytes} bytes), "
                   f"{report.log_entries} log entries, {report.snapshots} snapshots, "
                   f"{report.temp_files} temp files; {report.kept_in_grace} kept in grace")
+        elif args.command == "tail":
+            tail(Stream.open(args.uri, _options(args)), args.interval, args.count, args.group)
         elif args.command == "status":
             info = status(Stream.open(args.uri, _options(args)), args.keep_last)
             if args.json:

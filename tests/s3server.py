@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import threading
 from typing import Any
 
@@ -37,6 +38,11 @@ class AtomicMotoServer(ThreadedMotoServer):
             if environ.get("REQUEST_METHOD") not in ("PUT", "POST", "DELETE"):
                 return app(environ, start_response)
             key = environ.get("PATH_INFO", "")
+            # Read the body before taking the lock: a client stopped mid-upload (SIGSTOP in
+            # the zombie test) must not block other writers of the key, as it would not on S3.
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            if length:
+                environ["wsgi.input"] = io.BytesIO(environ["wsgi.input"].read(length))
             with guard:
                 lock = locks.setdefault(key, threading.Lock())
             with lock:

@@ -48,3 +48,17 @@ def test_schema_grammar() -> None:
         ("c", pa.string())])
     with pytest.raises(ValueError, match="not name:type"):
         parse_schema("a")
+
+
+def test_tail_follows_new_steps_and_the_lag(tmp_path) -> None:
+    from lakestream.progress import publish_progress
+
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, parse_schema("id:int64,tokens:list<int32>,reward:float32"),
+                          global_batch_size=4)
+    s.append(rows(0, 8))
+    publish_progress(s.store, "train", step=1)
+    out = _cli("tail", uri, "--interval", "0.1", "--count", "2")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and "steps 2 samples 8" in lines[0] and "train lag 1" in lines[0]
