@@ -34,7 +34,8 @@ def test_successes_shrink_it_additively_in_rate() -> None:
         c.observe(0.01, conflicted=True)
     before = c.interval
     after = c.observe(0.01, conflicted=False, others=3)
-    assert 1 / after - 1 / before == pytest.approx(0.01 / 0.01)  # rate + gain/latency
+    rate_before, rate_after = 1 / before, 1 / after
+    assert rate_after - rate_before == pytest.approx(0.01 / 0.01)  # rate + gain/latency
     assert c.interval >= c.min_s
 
 
