@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from lakestream.errors import NotFoundError
 from lakestream.failpoints import failpoint
@@ -87,15 +87,14 @@ class GcReport:
     snapshots: int = 0
     temp_files: int = 0
     kept_in_grace: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
-def _protected_by_recent_reclaims(store: ObjectStore, state: ReplayState, cutoff: float,
-                                  reclaim_versions: list[int]) -> set[str]:
+def _protected_by_recent_reclaims(store: ObjectStore, state: ReplayState,
+                                  cutoff: float) -> set[str]:
     """Paths removed by reclaim entries committed after ``cutoff`` (store time): readers
     with an older view may still read them during the grace period."""
     paths: set[str] = set()
-    for v in reversed(reclaim_versions):
+    for v in reversed(state.reclaim_versions):
         try:
             if store.head(log_key(v)).last_modified <= cutoff:
                 break
@@ -123,7 +122,7 @@ def _progress(label: str) -> Callable[[int, int], None]:
 
 
 def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
-            reclaim_versions: list[int], delta_checkpoint_version: int | None) -> GcReport:
+            delta_checkpoint_version: int | None) -> GcReport:
     """Deletes, after ``grace_seconds`` by the store's clock: data files no live fragment
     references (reclaimed, void, or uploaded and never committed), temp files of killed
     local writers, and log entries and snapshots older than both the newest snapshot and
@@ -136,7 +135,7 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
     report = GcReport()
     now = store_now(store)
     cutoff = now - grace_seconds
-    protected = _protected_by_recent_reclaims(store, state, cutoff, reclaim_versions)
+    protected = _protected_by_recent_reclaims(store, state, cutoff)
     doomed = []
     for meta in unreferenced(store, state):
         if meta.last_modified <= cutoff and meta.key not in protected:
@@ -156,12 +155,12 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
             if meta.last_modified <= cutoff:
                 store.delete(meta.key)
                 report.temp_files += 1
-    _compact(store, state, cutoff, reclaim_versions, delta_checkpoint_version, report)
+    _compact(store, state, cutoff, delta_checkpoint_version, report)
     return report
 
 
 def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
-             reclaim_versions: list[int], delta_checkpoint_version: int | None,
+             delta_checkpoint_version: int | None,
              report: GcReport) -> None:
     """Deletes log entries and snapshots nothing needs any more."""
     interval = state.stream_meta.snapshot_interval
@@ -175,8 +174,7 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
     if delta_checkpoint_version is None:
         return  # without a Delta checkpoint, Delta readers need every entry
     keep_from = min(keep_from, delta_checkpoint_version)
-    recent = [v for v in reclaim_versions if v < keep_from]
-    for v in recent:
+    for v in [v for v in state.reclaim_versions if v < keep_from]:
         try:
             if store.head(log_key(v)).last_modified > cutoff:
                 keep_from = min(keep_from, v)  # a recent reclaim: readers may still use it

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -198,17 +197,3 @@ def _newest_snapshot(store: ObjectStore, errors: list[str]) -> ReplayState | Non
         except (ValueError, NotFoundError, CorruptLogError) as e:
             errors.append(str(e))
     return None
-
-
-def describe(state: ReplayState) -> dict[str, Any]:
-    """A summary of ``state`` for ``status``."""
-    meta = state.stream_meta
-    return {
-        "version": state.version,
-        "num_samples": state.next_offset,
-        "num_steps": state.num_steps,
-        "global_batch_size": meta.global_batch_size,
-        "group_size": meta.group_size,
-        "fragments": len(state.fragments),
-        "reclaimed_below_offset": state.reclaimed_below,
-    }

@@ -249,7 +249,7 @@ class Stream:
         version = self._write_delta_checkpoint() if delta_checkpoint else None
         with self._lock:
             state = self._state.copy()
-        return collect(self.store, state, grace_seconds, state.reclaim_versions, version)
+        return collect(self.store, state, grace_seconds, version)
 
     def _write_delta_checkpoint(self) -> int | None:
         try:

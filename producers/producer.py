@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
 import time
@@ -312,8 +313,6 @@ class Producer:
 
 
 def _check_json(state: Any) -> None:
-    import json
-
     try:
         json.dumps(state)
     except (TypeError, ValueError) as e:
