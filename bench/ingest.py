@@ -131,8 +131,10 @@ def growth(root: str, target_versions: int, producers: int) -> dict[str, Any]:
         (ta, _, na), (tb, _, nb) = window[0], window[-1]
         return (nb - na) / (tb - ta) if tb > ta else 0.0
 
-    first, last = rate(0.0, 0.1), rate(0.9, 1.0)
+    deciles = [rate(d / 10, (d + 1) / 10) for d in range(10)]
+    first, last = deciles[0], deciles[-1]
     return {"producers": producers, "versions": series[-1][1], "points": points,
+            "decile_samples_per_s": deciles,
             "first_10pct_samples_per_s": first, "last_10pct_samples_per_s": last,
             "ratio_last_to_first": last / first if first else 0.0}
 
@@ -206,7 +208,8 @@ def main() -> None:
     g = result["growth"]
     print(f"growth to {g['versions']} versions: first 10% {g['first_10pct_samples_per_s']:.0f} "
           f"samples/s, last 10% {g['last_10pct_samples_per_s']:.0f} "
-          f"(ratio {g['ratio_last_to_first']:.2f})")
+          f"(ratio {g['ratio_last_to_first']:.2f}); by tenth of the run: "
+          f"{[round(x) for x in g['decile_samples_per_s']]}")
     ratios = {}
     for store in ("local", "s3"):
         for n in args.producers:

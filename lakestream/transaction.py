@@ -48,6 +48,11 @@ class CommitResult:
     attempts: int
     conflicts: int
     latency_s: float
+    """From the call to the entry landing: waits, lost races and catching up included."""
+    window_s: float
+    """The landing attempt alone, from the state it was built on to the put: how long the
+    commit was exposed to a race. Catching up is excluded: it grows with how long the
+    caller waited, not with contention."""
 
 
 def _backoff(options: CommitOptions, n: int) -> None:
@@ -83,6 +88,7 @@ def commit(store: ObjectStore, state: ReplayState, build: Build,
     if catch_up:
         read_tail(store, state)
     for attempt in range(1, options.max_attempts + 1):
+        t_attempt = time.monotonic()
         entry = build(state, commit_id)
         if entry is None:
             return None
@@ -95,7 +101,7 @@ def commit(store: ObjectStore, state: ReplayState, build: Build,
         except StoreError:
             unknown = True
         else:
-            return _landed(store, state, version, entry, attempt, conflicts, t0)
+            return _landed(store, state, version, entry, attempt, conflicts, t0, t_attempt)
         try:
             winner = read_entry(store, version)
         except NotFoundError:
@@ -103,7 +109,7 @@ def commit(store: ObjectStore, state: ReplayState, build: Build,
         except StoreError:
             winner, unknown = None, True
         if winner is not None and winner.commit_id == commit_id:
-            return _landed(store, state, version, winner, attempt, conflicts, t0)
+            return _landed(store, state, version, winner, attempt, conflicts, t0, t_attempt)
         if winner is not None:
             conflicts += 1
             state.apply(version, winner)
@@ -129,7 +135,8 @@ def commit(store: ObjectStore, state: ReplayState, build: Build,
 
 
 def _landed(store: ObjectStore, state: ReplayState, version: int, entry: Entry, attempts: int,
-            conflicts: int, t0: float) -> CommitResult:
+            conflicts: int, t0: float, t_attempt: float) -> CommitResult:
+    window = time.monotonic() - t_attempt
     state.apply(version, entry)
     failpoint("after_commit")
     meta = state.stream_meta
@@ -138,4 +145,4 @@ def _landed(store: ObjectStore, state: ReplayState, version: int, entry: Entry, 
             write_snapshot(store, state)
         except StoreError:
             pass  # a snapshot only speeds up opening; the next interval writes another
-    return CommitResult(version, entry, attempts, conflicts, time.monotonic() - t0)
+    return CommitResult(version, entry, attempts, conflicts, time.monotonic() - t0, window)

@@ -27,6 +27,7 @@ class Uploaded:
     size: int
     state: Any
     nbytes: int
+    crc32: int
 
 
 class Committer(threading.Thread):
@@ -34,7 +35,8 @@ class Committer(threading.Thread):
 
     Adaptive policy: each commit carries every contiguous fragment uploaded since the last,
     and the wait between commits comes from an ``IntervalController`` fed with this
-    producer's own conflicts and latencies. Per-fragment policy: one fragment per commit,
+    producer's own conflicts and commit windows, cut short once half the writer's in-flight
+    budget is uploaded. Per-fragment policy: one fragment per commit,
     no wait, fixed retry backoff.
     """
 
@@ -47,6 +49,11 @@ class Committer(threading.Thread):
         self._commit_options = o.commit if self._adaptive else dataclasses.replace(
             o.commit, backoff_base_s=0.01, backoff_cap_s=0.01)
         self._controller = IntervalController(min_s=o.min_interval_s, max_s=o.max_interval_s)
+        # Commit before the interval is over once half of what the writer may have in
+        # flight is uploaded: past that, waiting only blocks the writer.
+        self._full_fragments = max(1, o.max_inflight_fragments // 2)
+        self._full_bytes = max(1, o.max_inflight_bytes // 2)
+        self._ready_bytes = 0
         self._ready: dict[int, Uploaded] = {}
         self._cond = threading.Condition()
         self._stopping = False
@@ -55,6 +62,7 @@ class Committer(threading.Thread):
     def ready(self, fragment: Uploaded) -> None:
         with self._cond:
             self._ready[fragment.seq] = fragment
+            self._ready_bytes += fragment.nbytes
             self._cond.notify_all()
 
     def stop(self) -> None:
@@ -68,7 +76,9 @@ class Committer(threading.Thread):
         with self._cond:
             while not self._stopping:
                 left = deadline - time.monotonic()
-                if self._next in self._ready and left <= 0:
+                if self._next in self._ready and (
+                        left <= 0 or len(self._ready) >= self._full_fragments
+                        or self._ready_bytes >= self._full_bytes):
                     break
                 self._cond.wait(max(left, 0.001) if self._next in self._ready else 0.5)
             if self._stopping:
@@ -76,6 +86,7 @@ class Committer(threading.Thread):
             batch: list[Uploaded] = []
             while self._next in self._ready and len(batch) < self._batch_limit:
                 batch.append(self._ready.pop(self._next))
+                self._ready_bytes -= batch[-1].nbytes
                 self._next += 1
             return batch
 
@@ -102,7 +113,9 @@ class Committer(threading.Thread):
                     contended = result.conflicts > 0
                     others = result.version - before - 1
                     if self._adaptive:
-                        wait_s = self._controller.observe(result.latency_s, contended, others)
+                        # The window, not the latency: catching up after a long wait takes
+                        # long, and read as contention it would lengthen the next wait.
+                        wait_s = self._controller.observe(result.window_s, contended, others)
                 p._on_committed(batch[-1].seq, batch[-1].state, batch)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call
             p._fail(e)
@@ -124,7 +137,7 @@ class Committer(threading.Thread):
                 return None
             refs, offset = [], state.next_offset
             for u in fresh:
-                refs.append(FragmentRef(u.key, u.rows, u.size, offset, u.seq))
+                refs.append(FragmentRef(u.key, u.rows, u.size, offset, u.seq, u.crc32))
                 offset += u.rows
             return Append(p.producer_id, p.epoch, tuple(refs), fresh[-1].state, commit_id)
 

@@ -8,7 +8,7 @@ import time
 
 import lakestream
 from lakestream.errors import NotFoundError
-from lakestream.log import log_key
+from lakestream.log import Fence, log_key
 from tests.helpers import SCHEMA, delta_ids, ids, rows
 
 WRITERS, APPENDS, ROWS = 4, 8, 2
@@ -95,3 +95,17 @@ def test_a_committer_behind_a_busy_writer_gets_through_in_few_attempts(tmp_path)
         stop.set()
         t.join()
     assert max(conflicts) <= 8 and sum(conflicts) / len(conflicts) <= 2, conflicts
+
+
+def test_the_commit_window_leaves_out_catching_up(tmp_path) -> None:
+    # Regression: the DAC controller read a commit's whole latency as its exposure to races.
+    # A producer that had waited long spent long catching up, so its next wait grew, until
+    # it sat at the cap (the log-growth run lost half its throughput to that spiral).
+    uri = str(tmp_path / "s")
+    ahead = lakestream.create(uri, SCHEMA, global_batch_size=2)
+    behind = lakestream.open(uri)
+    for epoch in range(1, 401):
+        ahead.commit(lambda _s, cid, e=epoch: Fence("busy", e, cid))
+    result = behind.commit(lambda _s, cid: Fence("late", 1, cid), catch_up=True)
+    assert result is not None and result.version == 401 and result.attempts == 1
+    assert result.window_s < result.latency_s / 5, (result.window_s, result.latency_s)
