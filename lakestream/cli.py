@@ -15,7 +15,9 @@ from lakestream.errors import LakestreamError
 from lakestream.inventory import unreferenced
 from lakestream.progress import read_progress
 from lakestream.snapshot import HINT_KEY
+from lakestream.store import open_store
 from lakestream.stream import Stream
+from lakestream.verify import verify
 
 _SCALARS = {
     "bool": pa.bool_(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(),
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=1.0, help="seconds between lines")
     p.add_argument("--count", type=int, default=0, help="stop after this many lines (0: never)")
     p.add_argument("--group", default="train", help="the consumer group whose lag is shown")
+    p = sub.add_parser("verify", help="read and check every log entry, snapshot and fragment")
+    p.add_argument("uri")
     sub.add_parser("demo", help="run producers and a trainer on a local stream (needs torch)")
     for p in sub.choices.values():
         p.add_argument("-o", "--option", action="append", default=[],
@@ -193,8 +197,17 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "gc":
             report = Stream.open(args.uri, _options(args)).gc(grace_seconds=args.grace)
             print(f"deleted {report.data_files} data files ({report.data_bytes} bytes), "
-                  f"{report.log_entries} log entries, {report.snapshots} snapshots, "
+                  f"{report.log_entries} log entries, {report.snapshots} snapshots "
+                  f"({report.index_segments} index segments), "
                   f"{report.temp_files} temp files; {report.kept_in_grace} kept in grace")
+        elif args.command == "verify":
+            checked = verify(open_store(args.uri, _options(args)))
+            for line in checked.problems:
+                print(f"damaged: {line}")
+            verdict = f"{len(checked.problems)} problems" if checked.problems else "sound"
+            print(f"checked {checked.entries} log entries, {checked.snapshots} snapshots, "
+                  f"{checked.fragments} fragments: {verdict}")
+            return 1 if checked.problems else 0
         elif args.command == "tail":
             tail(Stream.open(args.uri, _options(args)), args.interval, args.count, args.group)
         elif args.command == "status":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import uuid
+import zlib
 from collections import OrderedDict
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +17,9 @@ from lakestream.store.base import ObjectStore
 
 ROW_GROUP_TARGET_BYTES = 1 << 20
 """Row groups of about 1 MiB (decoded) let a rank slice read little of a large fragment."""
+WHOLE_FILE_BYTES = 8 << 20
+"""Fragments up to this size are read whole, in one GET, and checked against their CRC-32;
+larger ones are read by row group, their pages checked by Parquet's page checksums."""
 
 
 def fragment_key(producer: str, epoch: int, seq: int) -> str:
@@ -47,6 +52,7 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
         compression_level=compression_level if compression != "none" else None,
         use_dictionary=scalar,
         write_statistics=scalar,
+        write_page_checksum=True,
     )
     return bytes(sink.getvalue().to_pybytes())
 
@@ -61,18 +67,27 @@ class FragmentReader:
         self._lock = threading.Lock()
 
     def read(self, path: str, size: int, start: int, stop: int,
-             columns: list[str] | None = None) -> pa.Table:
+             columns: list[str] | None = None, *, crc32: int = -1) -> pa.Table:
         """Rows ``[start, stop)`` of the fragment at ``path``.
 
         Raises:
             NotFoundError: the file is gone.
-            CorruptLogError: it is not readable Parquet or holds fewer rows than the log says.
+            CorruptLogError: it is not readable Parquet, differs from the size or checksum the
+                log recorded, or holds fewer rows than the log says.
         """
         try:
-            with self.store.open_input(path, size) as f:
+            if 0 <= crc32 and size <= WHOLE_FILE_BYTES:
+                data = self.store.get(path)
+                if len(data) != size or zlib.crc32(data) != crc32:
+                    raise ValueError(f"{len(data)} bytes with CRC-32 {zlib.crc32(data)}, the log "
+                                     f"recorded {size} bytes with {crc32}: the file is damaged")
+                source: Any = pa.BufferReader(data)
+            else:
+                source = self.store.open_input(path, size)
+            with source as f:
                 with self._lock:
                     md = self._footers.get(path)
-                pf = pq.ParquetFile(f, metadata=md)
+                pf = pq.ParquetFile(f, metadata=md, page_checksum_verification=True)
                 if md is None:
                     with self._lock:
                         self._footers[path] = pf.metadata

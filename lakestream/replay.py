@@ -47,6 +47,7 @@ class Fragment:
     path: str
     size: int
     version: int
+    crc32: int = -1
 
     @property
     def end(self) -> int:
@@ -142,7 +143,8 @@ class ReplayState:
                     f"replay places it at {offset}; the log is corrupt"
                 )
             if f.rows:
-                self.fragments.append(Fragment(offset, f.rows, f.path, f.size, version))
+                self.fragments.append(Fragment(offset, f.rows, f.path, f.size, version,
+                                               f.crc32))
                 self._starts.append(offset)
             offset += f.rows
         self.next_offset = offset
@@ -183,6 +185,12 @@ class ReplayState:
                 out.append(self.fragments[i])
             i += 1
         return out
+
+    def fragments_committed_between(self, lo: int, hi: int) -> list[Fragment]:
+        """Live fragments committed at versions ``(lo, hi]`` (versions rise with offsets)."""
+        a = bisect.bisect_right(self.fragments, lo, key=lambda f: f.version)
+        b = bisect.bisect_right(self.fragments, hi, key=lambda f: f.version)
+        return self.fragments[a:b]
 
     def restore_fragments(self, fragments: list[Fragment]) -> None:
         """Sets the fragment index (from a snapshot)."""

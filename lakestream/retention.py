@@ -7,13 +7,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakestream.errors import NotFoundError
+from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.failpoints import failpoint
 from lakestream.inventory import unreferenced
 from lakestream.log import LOG_DIR, Entry, FragmentRef, Reclaim, log_key
 from lakestream.progress import PROGRESS_DIR
 from lakestream.replay import ReplayState
-from lakestream.snapshot import SNAPSHOT_DIR, read_entry, snapshot_key
+from lakestream.snapshot import INDEX_DIR, SNAPSHOT_DIR, read_entry, snapshot_key, snapshot_segments
 from lakestream.store.base import ObjectStore
 
 CLOCK_KEY = "_lakestream/_clock"
@@ -47,7 +47,7 @@ def retention_point(state: ReplayState, keep_last: int,
     holding = groups_without_markers - set(state.markers)
     step = min(kept) if kept and not holding else 0
     below = max(step * b, state.reclaimed_below) if step else state.reclaimed_below
-    live = tuple(FragmentRef(f.path, f.rows, f.size, f.offset, -1)
+    live = tuple(FragmentRef(f.path, f.rows, f.size, f.offset, -1, f.crc32)
                  for f in state.fragments if f.end <= below)
     void = tuple(f for _v, fs in state.voided for f in fs)
     return RetentionPoint(step, below, live + void)
@@ -85,6 +85,7 @@ class GcReport:
     data_bytes: int = 0
     log_entries: int = 0
     snapshots: int = 0
+    index_segments: int = 0
     temp_files: int = 0
     kept_in_grace: int = 0
 
@@ -198,6 +199,24 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
         if v < keep_from and meta.last_modified <= cutoff:
             store.delete(meta.key)
             report.snapshots += 1
+    _sweep_index(store, cutoff, report)
+
+
+def _sweep_index(store: ObjectStore, cutoff: float, report: GcReport) -> None:
+    """Deletes index segments that no remaining snapshot names (blocks merged into larger
+    ones, or superseded after a reclaim). Unless every manifest is readable, keeps them all."""
+    named: set[str] = set()
+    for meta in store.list(SNAPSHOT_DIR):
+        try:
+            named.update(snapshot_segments(store, _version(meta.key)))
+        except (ValueError, NotFoundError):
+            continue
+        except CorruptLogError:
+            return
+    for meta in store.list(INDEX_DIR):
+        if meta.key not in named and meta.last_modified <= cutoff:
+            store.delete(meta.key)
+            report.index_segments += 1
 
 
 def _version(key: str) -> int:

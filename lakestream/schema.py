@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakestream.errors import SchemaMismatchError
 
@@ -130,7 +131,64 @@ def conform(data: Any, schema: pa.Schema, *, where: str) -> pa.Table:
         raise SchemaMismatchError(f"{where}: nulls in non-nullable columns {nulls}")
     if not table.schema.equals(schema):
         table = table.cast(schema)
+    for f in schema:
+        if _finite_only(f):
+            bad = _non_finite(table.column(f.name))
+            if bad:
+                raise SchemaMismatchError(
+                    f"{where}: column {f.name} holds {bad} NaN or infinite values; the stream "
+                    f"requires finite values there ({FINITE_KEY.decode()}=true)")
     return table
+
+
+FINITE_KEY = b"lakestream.finite"
+"""Field metadata: ``{b"lakestream.finite": b"true"}`` on a float column (or list of floats)
+makes writes holding NaN or infinity fail, before anything is uploaded."""
+
+
+def finite(field: pa.Field) -> pa.Field:
+    """``field`` with the finite-values constraint."""
+    return field.with_metadata({**(field.metadata or {}), FINITE_KEY: b"true"})
+
+
+def _finite_only(f: pa.Field) -> bool:
+    return bool(f.metadata) and f.metadata.get(FINITE_KEY) == b"true"
+
+
+def _non_finite(column: pa.ChunkedArray) -> int:
+    values: Any = column
+    while pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+        values = pc.list_flatten(values)
+    if not pa.types.is_floating(values.type):
+        return 0
+    return int(pc.sum(pc.invert(pc.is_finite(values)).cast(pa.int64())).as_py() or 0)
+
+
+def sample_bytes(table: pa.Table) -> pa.Array:
+    """The approximate size of each row: fixed-width values, and the values of lists and
+    strings it holds."""
+    total = pa.array([0] * table.num_rows, pa.int64())
+    for column in table.columns:
+        size = _row_sizes(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0))
+        total = pc.add(total, size)
+    return total
+
+
+def _row_sizes(values: pa.Array) -> pa.Array:
+    t = values.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        lengths = pc.fill_null(pc.list_value_length(values), 0).cast(pa.int64())
+        inner = values.values
+        width = inner.nbytes / max(1, len(inner))
+        return pc.multiply(lengths, max(1, round(width)))
+    if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) \
+            or pa.types.is_large_string(t):
+        return pc.fill_null(pc.binary_length(values), 0).cast(pa.int64())
+    try:
+        width = max(1, t.byte_width)
+    except ValueError:  # not fixed-width (a struct, say): count a word per row
+        width = 8
+    return pa.array([width] * len(values), pa.int64())
 
 
 def _check_names(names: list[str], schema: pa.Schema, where: str, *, ordered: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import zlib
 from typing import Any
 
 import pyarrow as pa
@@ -173,10 +174,11 @@ class Stream:
             )
         key = fragment_key(ANONYMOUS, 0, 0)
         body = encode_fragment(table, g)
+        crc = zlib.crc32(body)
         self.store.put(key, body, mode="create")
 
         def build(state: ReplayState, commit_id: str) -> Entry:
-            ref = FragmentRef(key, rows, len(body), state.next_offset, 0)
+            ref = FragmentRef(key, rows, len(body), state.next_offset, 0, crc)
             return Append(None, 0, (ref,), None, commit_id)
 
         try:
@@ -286,7 +288,7 @@ class Stream:
                 raise ValueError(f"unknown columns {unknown}; the stream has {self.schema.names}")
         parts = [
             self._reader.read(fragments[r.index].path, fragments[r.index].size, r.start, r.stop,
-                              columns)
+                              columns, crc32=fragments[r.index].crc32)
             for r in plan_rows(fragments, span.start, span.stop)
         ]
         schema = self.schema if columns is None else pa.schema(

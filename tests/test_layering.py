@@ -13,7 +13,7 @@ RANKS = {
     "log": 2, "plan": 2, "progress": 2,
     "replay": 3, "fragment": 3,
     "snapshot": 4, "inventory": 4,
-    "transaction": 5, "retention": 5,
+    "transaction": 5, "retention": 5, "verify": 5,
     "stream": 6,
     "cli": 8, "__init__": 9,
 }

@@ -11,7 +11,7 @@ import pytest
 
 import lakestream
 from lakestream.cli import main, parse_schema
-from tests.helpers import rows
+from tests.helpers import SCHEMA, rows
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -62,3 +62,19 @@ def test_tail_follows_new_steps_and_the_lag(tmp_path) -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 2 and "steps 2 samples 8" in lines[0] and "train lag 1" in lines[0]
+
+
+def test_verify_reads_everything_and_names_what_is_damaged(tmp_path, capsys) -> None:
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4, snapshot_interval=2)
+    for k in range(5):
+        s.append(rows(4 * k, 4))
+    assert main(["verify", uri]) == 0
+    assert "checked 6 log entries, 3 snapshots, 5 fragments: sound" in capsys.readouterr().out
+    victim = s.state.fragments[0].path
+    data = bytearray(s.store.get(victim))
+    data[len(data) // 2] ^= 0x10
+    s.store.put(victim, bytes(data))
+    assert main(["verify", uri]) == 1
+    out = capsys.readouterr().out
+    assert f"damaged: fragment {victim}" in out and "1 problems" in out

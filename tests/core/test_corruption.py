@@ -8,7 +8,7 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log import log_key
+from lakestream.log import entry_checksum, log_key
 from lakestream.snapshot import snapshot_key
 from tests.helpers import SCHEMA, ids, rows
 
@@ -27,7 +27,13 @@ def _rewrite(stream, version: int, edit) -> None:
 
 
 def _dump(lines) -> bytes:
-    return b"\n".join(json.dumps(x).encode() for x in lines)
+    """The edited entry with a checksum that matches: as a buggy writer would write it."""
+    infos = [x["commitInfo"]["lakestream"] for x in lines if "commitInfo" in x]
+    for info in infos:
+        info.pop("crc32", None)
+    for info in infos:
+        info["crc32"] = entry_checksum(lines)
+    return b"\n".join(json.dumps(x, separators=(",", ":")).encode() for x in lines)
 
 
 def _tag(lines, key, value):
@@ -53,6 +59,8 @@ def _format(lines, value):
 
 @pytest.mark.parametrize("edit, match", [
     (lambda lines: _dump(lines)[:40], "log version 2 cannot be read"),
+    (lambda lines: _dump(lines).replace(b'"lakestream.rows":"4"', b'"lakestream.rows":"3"'),
+     "log version 2 cannot be read: checksum .* damaged"),
     (lambda lines: b"", "log version 2 cannot be read"),
     (lambda lines: _tag(lines, "lakestream.offset", "5"), "records offset 5 .* at 4"),
     (lambda lines: _format(lines, 99), "log version 2 has format version 99"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pyarrow as pa
@@ -107,10 +108,13 @@ def test_replay_matches_the_model(ops: list[tuple[Any, ...]]) -> None:
 @given(st.lists(op, max_size=20), st.data())
 def test_snapshot_plus_tail_equals_full_replay(ops: list[tuple[Any, ...]], data: Any) -> None:
     log, _ = _model_and_log(ops)
+    interval = data.draw(st.integers(1, 6))  # small: snapshots of several segments
+    log[0] = (0, Create(dataclasses.replace(META, snapshot_interval=interval), "c0"))
     full = replay(log)
     cut = data.draw(st.integers(0, len(log) - 1))
     prefix = replay(log[: cut + 1])
-    restored = decode_snapshot(cut, encode_snapshot(prefix))
+    manifest, segments = encode_snapshot(prefix)
+    restored = decode_snapshot(cut, manifest, segments.__getitem__)
     assert _summary(restored) == _summary(prefix)
     assert _summary(replay(log[cut + 1:], restored)) == _summary(full)
 

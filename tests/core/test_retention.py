@@ -132,6 +132,31 @@ def test_a_long_log_compacts_to_what_is_retained(tmp_path) -> None:
     assert delta_ids(uri, None) == list(range(36, 40))
 
 
+def test_snapshots_after_a_reclaim_drop_it_and_gc_sweeps_old_segments(tmp_path) -> None:
+    from lakestream.snapshot import INDEX_DIR, load_state, snapshot_segments
+
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=B, snapshot_interval=2)
+    for k in range(16):
+        s.append(rows(2 * k, 2))  # versions 1..16: step k holds fragments of versions 2k+1, 2k+2
+    s.mark_checkpoint("train", 6)
+    s.retain(keep_last=1)  # version 18 reclaims the 12 fragments below step 6
+    s.append(rows(32, 2))
+    s.append(rows(34, 2))
+    assert s.version == 20
+    # Snapshot 10 is blocks (0, 16] and (16, 20]; the reclaim gave the first a new key.
+    segments = snapshot_segments(s.store, 20)
+    assert segments == [f"{INDEX_DIR}{0:020d}-{16:020d}-{18:020d}.parquet",
+                        f"{INDEX_DIR}{16:020d}-{20:020d}-{0:020d}.parquet"]
+    reopened = load_state(s.store, uri)
+    assert [f.path for f in reopened.fragments] == [f.path for f in s.state.fragments]
+    assert len(reopened.fragments) == 16 - 12 + 2
+    report = s.gc(grace_seconds=0)
+    kept = set(segments) | set(snapshot_segments(s.store, 18))
+    assert report.index_segments > 0 and {m.key for m in s.store.list(INDEX_DIR)} == kept
+    assert ids(lakestream.open(uri).read_step(8)) == list(range(32, 36))
+
+
 class RetentionMachine(RuleBasedStateMachine):
     """Produce, mark, retain, gc, crash and reopen in any order: every step at or above the
     retention point a model computes stays readable and exact."""
