@@ -24,6 +24,8 @@ class ProducerOptions:
     max_inflight_bytes: int = 256 << 20
     max_fragment_bytes: int = 1 << 30
     """A write whose encoded fragment is larger raises ValueError (nothing is uploaded)."""
+    max_sample_bytes: int = 64 << 20
+    """A write holding a sample (row) larger than this raises ValueError, naming the row."""
     compression: str = "zstd"
     """``zstd`` (level ``compression_level``) or ``none`` (the fast path: no compression)."""
     compression_level: int = 1
@@ -40,7 +42,7 @@ class ProducerOptions:
             raise ValueError(f"commit_policy must be 'adaptive' or 'per-fragment', "
                              f"got {self.commit_policy!r}")
         for name in ("upload_threads", "max_inflight_fragments", "max_inflight_bytes",
-                     "max_fragment_bytes", "max_fragments_per_commit"):
+                     "max_fragment_bytes", "max_sample_bytes", "max_fragments_per_commit"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.compression not in ("zstd", "none", "snappy", "lz4"):

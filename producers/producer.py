@@ -7,12 +7,14 @@ import json
 import os
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lakestream.errors import AlreadyExistsError, LakestreamError
 from lakestream.failpoints import failpoint
@@ -22,7 +24,7 @@ from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
 from lakestream.progress import check_group, read_progress
 from lakestream.replay import ReplayState
-from lakestream.schema import conform
+from lakestream.schema import conform, sample_bytes
 from lakestream.stream import Stream
 
 
@@ -129,8 +131,8 @@ class Producer:
 
         Raises:
             SchemaMismatchError: ``data`` does not fit the schema (nothing is uploaded).
-            ValueError: zero rows, rows not a multiple of the group size, or a fragment
-                larger than ``max_fragment_bytes``.
+            ValueError: zero rows, rows not a multiple of the group size, a fragment larger
+                than ``max_fragment_bytes`` or a sample larger than ``max_sample_bytes``.
             ProducerFencedError: a newer instance of this producer id has opened.
             LakestreamError: a background upload or commit failed (re-raised here).
         """
@@ -145,6 +147,13 @@ class Producer:
             raise ValueError(f"producer {self.producer_id}: a fragment of {nbytes} bytes "
                              f"exceeds max_fragment_bytes={self.options.max_fragment_bytes}; "
                              "split the write")
+        sizes = sample_bytes(table)
+        largest = pc.max(sizes).as_py() or 0
+        if largest > self.options.max_sample_bytes:
+            row = pc.index(sizes, largest).as_py()
+            raise ValueError(f"producer {self.producer_id}: sample {row} of the write is about "
+                             f"{largest} bytes, over max_sample_bytes="
+                             f"{self.options.max_sample_bytes}; drop or truncate it")
         if state is not None:
             _check_json(state)
         if not self._admitted:
@@ -257,7 +266,8 @@ class Producer:
                 pass  # a retried PUT whose first reply was lost: the object is ours
             failpoint("after_upload")
             self.stats.bytes_uploaded += len(body)
-            self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes))
+            self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes,
+                                           zlib.crc32(body)))
         except BaseException as e:  # noqa: BLE001 - surfaced on the caller's next call
             self._fail(e)
 

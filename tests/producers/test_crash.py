@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from lakestream.errors import NotFoundError
 from lakestream.failpoints import NAMES
 from lakestream.log import Append, log_key
 from lakestream.snapshot import read_entry
+from tests.conftest import seeds
 from tests.helpers import SCHEMA, ids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,8 +55,10 @@ def _gapless(uri: str, options: dict[str, str] | None) -> int:
     return s.version
 
 
+@pytest.mark.parametrize("seed", seeds(1, 20))
 @pytest.mark.parametrize("point", [n for n in NAMES if n != "during_gc"])
-def test_killed_at_every_failpoint_then_restarted(backend, point: str) -> None:
+def test_killed_at_every_failpoint_then_restarted(backend, point: str, seed: int,
+                                                  tally: Counter[str]) -> None:
     uri = backend.uri()
     # A snapshot every 2 versions, so commits hit during_snapshot often.
     lakestream.create(uri, SCHEMA, global_batch_size=2, snapshot_interval=2,
@@ -62,7 +66,9 @@ def test_killed_at_every_failpoint_then_restarted(backend, point: str) -> None:
     names = [f"rollout-{k}" for k in range(PRODUCERS)]
     # The n-th hit differs per producer, so they die at different moments; the first run
     # commits fragment by fragment so that every point is hit many times.
-    first = [_spawn(uri, n, backend.options, f"{point}@{1 + 2 * k}", policy="per-fragment")
+    # Each seed moves the kills to other hits.
+    first = [_spawn(uri, n, backend.options, f"{point}@{1 + (2 * k + 3 * seed) % 10}",
+                    policy="per-fragment")
              for k, n in enumerate(names)]
     codes = [p.wait(timeout=120) for p in first]
     assert -signal.SIGKILL in codes, f"no producer reached {point}: {codes}"
@@ -80,6 +86,10 @@ def test_killed_at_every_failpoint_then_restarted(backend, point: str) -> None:
     assert all(final[n][2] == {"next": FRAGMENTS} and final[n][1] >= FRAGMENTS - 1
                for n in names)
     _gapless(uri, backend.options)
+    tally["crash_runs"] += 1
+    tally[f"crash_runs.{backend.name}.{point}"] += 1
+    tally["crash_kills"] += codes.count(-signal.SIGKILL)
+    tally["samples_checked"] += PRODUCERS * FRAGMENTS * ROWS
 
 
 def test_eight_processes_race(backend) -> None:
