@@ -25,5 +25,12 @@ test: $(STAMP) lint
 demo: $(STAMP)
 	@$(VENV)/bin/lakestream demo
 
+# The full reliability matrix: more seeds, trials and faults; its tally goes to
+# bench/results/reliability.json (quoted in RELIABILITY.md).
+soak: $(STAMP)
+	@LAKESTREAM_SOAK=1 LAKESTREAM_RELIABILITY_REPORT=bench/results/reliability.json \
+		$(PY) -m pytest -q tests/reliability \
+		tests/producers/test_crash.py::test_killed_at_every_failpoint_then_restarted
+
 clean:
 	rm -rf $(VENV) build *.egg-info

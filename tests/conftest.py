@@ -1,10 +1,21 @@
-"""Fixtures shared by the suite: a real S3 endpoint (moto over HTTP) and the backend matrix."""
+"""Fixtures shared by the suite: a real S3 endpoint (moto over HTTP), the backend matrix,
+and the seeds and tally of the reliability tests.
+
+``make test`` runs a fast, seeded subset; ``make soak`` sets ``LAKESTREAM_SOAK=1`` for more
+seeds and trials, and ``LAKESTREAM_RELIABILITY_REPORT`` to a JSON path where the tally of
+faults injected, crashes, corruptions tried and detected, and samples lost and duplicated
+is written at the end of the session.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,3 +60,23 @@ def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Backend:
 
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+SOAK = os.environ.get("LAKESTREAM_SOAK") == "1"
+
+
+def seeds(fast: int, soak: int) -> list[int]:
+    return list(range(soak if SOAK else fast))
+
+
+_TALLY: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="session")
+def tally() -> Iterator[Counter[str]]:
+    yield _TALLY
+    path = os.environ.get("LAKESTREAM_RELIABILITY_REPORT")
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"soak": SOAK, **dict(sorted(_TALLY.items()))},
+                                         indent=1))

@@ -1,0 +1,90 @@
+"""Bad inputs the rest of the suite does not already cover: each raises a typed error that
+names what was wrong, and leaves the stream unchanged (same version, nothing uploaded)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import lakestream
+from lakestream.errors import SchemaMismatchError
+from lakestream.producers import Producer, ProducerOptions
+from lakestream.schema import finite
+from tests.helpers import SCHEMA, rows
+
+ROOT = Path(__file__).resolve().parents[2]
+GUARDED = pa.schema([
+    pa.field("id", pa.int64(), nullable=False),
+    finite(pa.field("reward", pa.float32())),
+    finite(pa.field("logprobs", pa.list_(pa.float32()))),
+])
+
+
+def _unchanged(s: lakestream.Stream, version: int) -> bool:
+    return s.refresh() == version and not list(s.store.list("data/"))
+
+
+@pytest.mark.parametrize("column, value", [
+    ("reward", math.nan), ("reward", math.inf), ("logprobs", [0.0, -math.inf]),
+    ("logprobs", [math.nan]),
+])
+def test_non_finite_values_are_refused_where_the_schema_forbids_them(tmp_path, column, value):
+    s = lakestream.create(str(tmp_path / "s"), GUARDED, global_batch_size=2)
+    good = {"id": [0, 1], "reward": [0.5, 1.0], "logprobs": [[-0.1], [-0.2]]}
+    bad = {**good, column: [good[column][0], value]}
+    with pytest.raises(SchemaMismatchError, match=f"column {column} holds 1 NaN or infinite"):
+        s.append(bad)
+    with Producer(s.uri, "p") as p, pytest.raises(SchemaMismatchError, match=column):
+        p.write(bad)
+    assert s.refresh() == 1  # only the producer's fence
+    s.append(good)  # the constraint survives reopening: it lives in the stream's schema
+    assert lakestream.open(s.uri).schema.field(column).metadata == GUARDED.field(column).metadata
+
+
+def test_without_the_constraint_nan_is_data(tmp_path) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
+    s.append({"id": [0, 1], "tokens": [[1], [2]], "reward": [math.nan, 1.0]})
+    assert math.isnan(s.read_step(0).column("reward")[0].as_py())
+
+
+def test_an_oversized_sample_is_refused_naming_it(tmp_path) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    big = rows(0, 4).set_column(1, "tokens", pa.array(
+        [[1], [2], list(range(5000)), [3]], pa.list_(pa.int32())))
+    with Producer(s.uri, "p", options=ProducerOptions(max_sample_bytes=10_000)) as p:
+        with pytest.raises(ValueError, match="sample 2 of the write is about 20.* bytes, over "
+                                             "max_sample_bytes=10000"):
+            p.write(big)
+        version = p.stream.version
+    assert _unchanged(s, version)
+
+
+@pytest.mark.parametrize("data, error, match", [
+    ([], ValueError, "0 rows"),
+    ({"id": [], "tokens": [], "reward": []}, ValueError, "0 rows"),
+    ("id,tokens,reward", TypeError, "cannot write a str"),
+    (None, TypeError, "cannot write a NoneType"),
+])
+def test_empty_and_non_tabular_writes(tmp_path, data, error, match) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    with pytest.raises(error, match=match):
+        s.append(data)
+    assert _unchanged(s, 0)
+
+
+def test_no_unsafe_deserialisation_of_stream_data() -> None:
+    # Samples are Arrow types; entries, snapshots and progress are JSON. Nothing read from a
+    # store may be unpickled (pickle, torch.load with pickles, marshal, eval).
+    pattern = re.compile(r"pickle\.loads?\(|torch\.load\(|marshal\.loads?\(|\beval\(|"
+                         r"weights_only\s*=\s*False|import pickle")
+    offenders = []
+    for folder in ("lakestream", "producers", "loaders", "demo"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if pattern.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert offenders == []
