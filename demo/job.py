@@ -28,14 +28,14 @@ from lakestream.progress import read_progress
 
 @dataclass(frozen=True)
 class DemoConfig:
-    steps: int = 600
+    steps: int = 1500
     global_batch_size: int = 16
     producers: int = 3
     ranks: int = 2
     checkpoint_every: int = 25
     max_lag_steps: int = 4
-    kill_producer_at_step: int = 120
-    kill_trainer_at_step: int = 330
+    kill_producer_at_step: int = 300
+    kill_trainer_at_step: int = 820
 
     @property
     def prompts(self) -> int:
@@ -60,6 +60,7 @@ class Pipeline:
         self.timeline: list[dict[str, float]] = []
         self.t0 = time.time()
         self.trainer_runs = 0
+        self.faults: list[tuple[float, str]] = []
 
     def start_producer(self, i: int) -> None:
         per = -(-self.cfg.prompts // self.cfg.producers)
@@ -99,6 +100,7 @@ class Pipeline:
                 os.kill(self.producers[1].pid, signal.SIGKILL)
                 self.producers[1].wait()
                 print(f"  fault: rollout-1 SIGKILLed at trainer step {trained}; restarting it")
+                self.faults.append((time.time() - self.t0, "producer killed"))
                 self.start_producer(1)
                 producer_killed = True
             if not trainer_killed and trained >= cfg.kill_trainer_at_step:
@@ -109,6 +111,7 @@ class Pipeline:
                 marker = self.stream.checkpoints("train")[-1]
                 print(f"  fault: trainer SIGKILLed at step {trained}; restarting from the "
                       f"checkpoint at step {marker.step}")
+                self.faults.append((time.time() - self.t0, "trainer killed"))
                 self.start_trainer()
                 trainer_killed = True
             now = time.time() - self.t0
@@ -155,10 +158,12 @@ def verify(pipe: Pipeline) -> tuple[dict[str, bool], dict[str, Any]]:
     exactly_once = (set(trained) == expected and set(trained.values()) == {1}
                     and s.num_samples == cfg.prompts * G and every_step)
     staleness: Counter[int] = Counter()
+    by_step: dict[int, list[int]] = {}
     for rows in runs.values():
         for r in rows:
             for v in r["versions"]:
                 staleness[r["step"] - v] += 1
+                by_step.setdefault(r["step"], []).append(r["step"] - v)
     # A generation is admitted while committed steps exceed the published progress by at most
     # max_lag_steps; the other producers' admitted groups may land first (under a step), and
     # the published progress trails the trainer by up to one publish interval (a step or two).
@@ -182,7 +187,9 @@ def verify(pipe: Pipeline) -> tuple[dict[str, bool], dict[str, Any]]:
         f"reclaimed only below the oldest retained checkpoint (step {min(kept)})": reclaim_ok,
         f"deltalake reads the {delta_count} remaining samples": delta_ok,
     }
-    return checks, {"staleness": dict(sorted(staleness.items())), "reread_steps": len(reread)}
+    return checks, {"staleness": dict(sorted(staleness.items())), "reread_steps": len(reread),
+                    "staleness_by_step": {k: (sum(v) / len(v), max(v))
+                                          for k, v in sorted(by_step.items())}}
 
 
 def summary(pipe: Pipeline, facts: dict[str, Any]) -> list[str]:
@@ -233,17 +240,33 @@ def plot(pipe: Pipeline, facts: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tl = pipe.timeline
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
-    a.plot([x["t"] for x in tl], [x["samples"] for x in tl], label="committed samples")
-    a.plot([x["t"] for x in tl], [x["trained"] * pipe.cfg.global_batch_size for x in tl],
-           label="trained samples")
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4))
+    t = [x["t"] for x in tl]
+    a.plot(t, [x["samples"] for x in tl], label="committed samples")
+    a.plot(t, [x["trained"] * pipe.cfg.global_batch_size for x in tl], label="trained samples")
+    for at, what in pipe.faults:
+        a.axvline(at, color="red", lw=0.8, ls="--")
+        a.annotate(what, (at, 0), rotation=90, fontsize=7, va="bottom", ha="right")
     a.set_xlabel("seconds")
     a.legend()
-    a.set_title("throughput (faults: one producer, then the trainer)")
+    a.set_title("throughput (dashed: faults)")
+    # When each step was first trained: the first tick whose trainer progress passed it.
+    steps = facts["staleness_by_step"]
+    first_seen: dict[int, float] = {}
+    for x in tl:
+        for k in range(len(first_seen), min(int(x["trained"]), len(steps))):
+            first_seen[k] = x["t"]
+    when = [first_seen.get(k, t[-1]) for k in steps]
+    b.plot(when, [m for m, _ in steps.values()], ".", ms=2, label="mean over the step")
+    b.plot(when, [x for _, x in steps.values()], ".", ms=2, label="max over the step")
+    b.axhline(pipe.cfg.max_lag_steps, color="grey", lw=0.8, ls=":", label="max_lag_steps")
+    b.set_xlabel("seconds")
+    b.set_title("staleness over time (trained step - policy version)")
+    b.legend()
     hist = facts["staleness"]
-    b.bar(list(hist), list(hist.values()))
-    b.set_xlabel("staleness (trained step - policy version)")
-    b.set_title(f"staleness, max_lag_steps={pipe.cfg.max_lag_steps}")
+    c.bar(list(hist), list(hist.values()))
+    c.set_xlabel("staleness (steps)")
+    c.set_title(f"staleness histogram, max_lag_steps={pipe.cfg.max_lag_steps}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
