@@ -194,6 +194,9 @@ def main() -> None:
                     for policy in ("adaptive", "per-fragment"):
                         name = f"{store}-{n}-{policy}"
                         uri = f"{root}/{name}" if store == "local" else f"s3://bench/{name}"
+                        if store == "s3":  # a fresh endpoint: moto slows as it fills up
+                            server.stop()
+                            server, url = start_s3("bench")
                         opts = None if store == "local" else s3_config(url)
                         r = run(uri, opts, n, policy, args.duration)
                         r["store"] = store

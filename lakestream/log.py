@@ -285,6 +285,8 @@ def decode_entry(version: int, data: bytes) -> Entry:
             format version, or names an unsafe key; the message names the version.
     """
     try:
+        if not data.endswith(b"\n"):
+            raise ValueError("it does not end with a newline: it is truncated")
         actions = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for a in actions:

@@ -128,7 +128,7 @@ def _read_manifest(data: bytes) -> dict[str, Any]:
     """The manifest's fields. Its last line is the CRC-32 of the JSON before it, so any
     damaged byte is caught, not only those that break the JSON."""
     body, sep, crc = data.rpartition(_CRC_LINE)
-    if not sep or crc.strip() != str(zlib.crc32(body)).encode():
+    if not sep or crc != str(zlib.crc32(body)).encode() + b"\n":
         raise ValueError("its checksum does not match its content: it is damaged")
     info: dict[str, Any] = json.loads(body)
     return info

@@ -10,6 +10,7 @@ import lakestream
 from lakestream.errors import CorruptLogError
 from lakestream.log import entry_checksum, log_key
 from lakestream.snapshot import snapshot_key
+from lakestream.verify import verify
 from tests.helpers import SCHEMA, ids, rows
 
 
@@ -33,7 +34,7 @@ def _dump(lines) -> bytes:
         info.pop("crc32", None)
     for info in infos:
         info["crc32"] = entry_checksum(lines)
-    return b"\n".join(json.dumps(x, separators=(",", ":")).encode() for x in lines)
+    return b"\n".join(json.dumps(x, separators=(",", ":")).encode() for x in lines) + b"\n"
 
 
 def _tag(lines, key, value):
@@ -96,3 +97,17 @@ def test_a_corrupt_snapshot_falls_back_to_an_older_one(tmp_path) -> None:
     s.store.put(snapshot_key(4), b"PAR1 garbage")
     reopened = lakestream.open(s.uri)
     assert reopened.version == 5 and ids(reopened.read_step(4)) == [16, 17, 18, 19]
+
+
+def test_an_entry_or_manifest_cut_at_its_last_newline_is_caught(stream) -> None:
+    # Regression (found by the corruption fuzz): the checksum covered the parsed lines, so a
+    # copy that lost only its final newline read as sound.
+    entry = stream.store.get(log_key(2))
+    stream.store.put(log_key(2), entry[:-1])
+    with pytest.raises(CorruptLogError, match="log version 2 .* truncated"):
+        lakestream.open(stream.uri)
+    stream.store.put(log_key(2), entry)
+    manifest = stream.store.get(snapshot_key(0))
+    stream.store.put(snapshot_key(0), manifest[:-1])
+    problems = verify(stream.store).problems
+    assert any(snapshot_key(0) in p and "damaged" in p for p in problems), problems

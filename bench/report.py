@@ -1,0 +1,127 @@
+"""Writes BENCHMARKS.md from the JSON results of one bench/run-all: tables, the ratios the
+targets are stated in, whether each target was met, the machine and peer versions."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def _load(name: str) -> dict[str, Any] | list[Any] | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _target(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def main() -> None:
+    out = ["# Benchmarks", "",
+           "Produced by one `bench/run-all` on this machine; every peer ran beside Lakestream in",
+           "the same run on the same payload (RL rollouts of 1,024-3,072 `int32` tokens with",
+           "`float32` log-probs, ~16 KB per sample; `bench/payload.py`). These machines are",
+           "noisy: compare the ratios, which come from one run, more than the absolute figures.",
+           ""]
+    cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    out += [f"Machine: {cpu} CPUs, {platform.platform()}, Python {platform.python_version()}.",
+            ""]
+    brokers = _load("brokers")
+    if isinstance(brokers, dict):
+        r = brokers["ratios"]
+        out += ["## Brokers: Redis Streams and NATS JetStream (`bench/brokers.py`)", "",
+                f"Versions: {brokers['versions']['redis-server']}; "
+                f"{brokers['versions']['nats-server']}. Redis with `appendonly yes`, "
+                "`appendfsync everysec`; NATS JetStream with file storage. Kafka cannot run "
+                "here: no broker distribution is reachable from these machines.", "",
+                "| system | producers | samples/s | MB/s | CPU-s per GB |",
+                "| --- | --- | --- | --- | --- |"]
+        for x in brokers["ingest"]:
+            out.append(f"| {x['system']} | {x['producers']} | {x['samples_per_s']:.0f} | "
+                       f"{x['mb_per_s']:.1f} | {x['cpu_s_per_gb']:.1f} |")
+        out += ["", "| produce -> visible (200 samples/s) | p50 ms | p99 ms |",
+                "| --- | --- | --- |"]
+        for x in brokers["latency"]:
+            out.append(f"| {x['system']} | {x['p50_ms']:.2f} | {x['p99_ms']:.2f} |")
+        out += ["", "| consumer | rank slice (32 of 256) p50 ms | drain MB/s |",
+                "| --- | --- | --- |"]
+        for x in brokers["consume"]:
+            out.append(f"| {x['system']} | {x['slice_p50_ms']:.2f} | {x['drain_mb_per_s']:.0f} |")
+        lat = {x["system"]: x for x in brokers["latency"]}
+        out += ["", "| target (4 producers, local store) | ratio | |", "| --- | --- | --- |",
+                f"| ingest, zstd fragments >= 1.5x Redis Streams | "
+                f"{r['ingest_lakestream_zstd_over_redis_4p']:.2f}x | "
+                f"{_target(r['ingest_lakestream_zstd_over_redis_4p'] >= 1.5)} |",
+                f"| ingest, uncompressed >= 1.0x NATS JetStream's best mode | "
+                f"{r['ingest_lakestream_none_over_nats_best_4p']:.2f}x | "
+                f"{_target(r['ingest_lakestream_none_over_nats_best_4p'] >= 1.0)} |",
+                f"| a rank drains steps >= 1.5x the NATS consumer | "
+                f"{r['drain_lakestream_over_nats']:.2f}x | "
+                f"{_target(r['drain_lakestream_over_nats'] >= 1.5)} |",
+                f"| rank slice fetch no slower than NATS (time ratio <= 1) | "
+                f"{r['slice_fetch_lakestream_over_nats']:.2f} | "
+                f"{_target(r['slice_fetch_lakestream_over_nats'] <= 1.0)} |",
+                f"| rank slice fetch no slower than Redis (time ratio <= 1) | "
+                f"{r['slice_fetch_lakestream_over_redis']:.2f} | "
+                f"{_target(r['slice_fetch_lakestream_over_redis'] <= 1.0)} |",
+                f"| produce -> visible p50 <= 20 ms (local) | "
+                f"{lat['lakestream']['p50_ms']:.1f} ms | "
+                f"{_target(lat['lakestream']['p50_ms'] <= 20)} |", "",
+                f"Command: `{brokers['command']}`", ""]
+    deltars = _load("deltars")
+    if isinstance(deltars, dict):
+        out += ["## Plain `write_deltalake` appends (`bench/deltars.py`)", "",
+                f"deltalake {deltars['versions']['deltalake']}, default configuration "
+                "(a checkpoint every 100 versions).", "",
+                "| fragment | writers | system | samples/s | MB/s | CPU-s per GB |",
+                "| --- | --- | --- | --- | --- | --- |"]
+        for x in deltars["throughput"]:
+            out.append(f"| {x['rows']} samples | {x['writers']} | {x['system']} | "
+                       f"{x['samples_per_s']:.0f} | {x['mb_per_s']:.1f} | "
+                       f"{x['cpu_s_per_gb']:.1f} |")
+        by_tenth = deltars["ratios"]["growth_lakestream_over_deltalake_by_tenth"]
+        small = deltars["ratios"]["small_4_writers_lakestream_over_deltalake"]
+        out += ["", "Growth to 5,000 versions, 4 writers of small fragments, Lakestream over "
+                "delta-rs in samples/s by tenth of the log: "
+                + ", ".join(f"{x:.1f}x" for x in by_tenth) + ".", "",
+                f"Target >= 3x at 4 writers with small fragments at every log length: "
+                f"{small:.2f}x flat-out, minimum {min(by_tenth):.2f}x over the growth run: "
+                f"{_target(small >= 3 and min(by_tenth) >= 3)}.", "",
+                f"Command: `{deltars['command']}`", ""]
+    ingest = _load("ingest")
+    if isinstance(ingest, dict):
+        g = ingest["growth"]
+        out += ["## DAC: adaptive vs per-fragment commits (`bench/ingest.py`)", "",
+                "| store | producers | policy | samples/s | MB/s | conflicts | fragments/commit |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        for x in ingest["scaling"]:
+            out.append(f"| {x['store']} | {x['producers']} | {x['policy']} | "
+                       f"{x['samples_per_s']:.0f} | {x['mb_per_s']:.1f} | "
+                       f"{100 * x['conflict_ratio']:.1f}% | {x['fragments_per_commit']:.1f} |")
+        out += ["", "Growth to 20,000 versions (4 producers, local store), samples/s by tenth of "
+                "the run: " + ", ".join(f"{x:.0f}" for x in g.get("decile_samples_per_s", []))
+                + f"; last / first tenth = {g['ratio_last_to_first']:.2f}.", "",
+                f"Command: `{ingest['command']}`", ""]
+    loader = _load("loader")
+    if isinstance(loader, dict):
+        out += ["## Loaders (`bench/loader.py`)", "",
+                "| system | workers | samples/s | MB/s | first batch s |",
+                "| --- | --- | --- | --- | --- |"]
+        for x in loader["runs"]:
+            out.append(f"| {x['system']} | {x['num_workers']} | {x['samples_per_s']:.0f} | "
+                       f"{x['mb_per_s']:.0f} | {x['first_batch_s']:.2f} |")
+        out += ["", f"Command: `{loader['command']}`", ""]
+    out += ["## Not measured in this run", "",
+            "TransferQueue (PyPI `transferqueue`): needs Ray with >= 8 logical CPUs inside a "
+            "loopback-only network namespace; not set up yet, so no figures are claimed.", ""]
+    (ROOT / "BENCHMARKS.md").write_text("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
