@@ -62,7 +62,9 @@ def _writer(system: str, uri: str, k: int, rows: int, start_at: float, duration:
         done_bytes = sum(nbytes[i % 4] for i in range(p.stats.fragments_committed))
     out.put({"samples": samples, "bytes": done_bytes, "cpu_s": time.process_time() - cpu0,
              "elapsed": time.time() - start_at})
-    os._exit(0)  # deltalake 1.x can abort in its exit handlers; the results are sent
+    out.close()
+    out.join_thread()  # the result is in the pipe before the hard exit below
+    os._exit(0)  # deltalake 1.x can abort in its exit handlers
 
 
 def _create(system: str, uri: str) -> None:
@@ -87,7 +89,7 @@ def run(system: str, writers: int, rows: int, duration: float, root: str) -> dic
                                                out)) for k in range(writers)]
     for p in procs:
         p.start()
-    res = [out.get(timeout=duration + 300) for _ in procs]
+    res = [out.get(timeout=duration + 120) for _ in procs]
     for p in procs:
         p.join()
     nb = sum(r["bytes"] for r in res)
