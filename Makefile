@@ -26,11 +26,13 @@ demo: $(STAMP)
 	@$(VENV)/bin/lakestream demo
 
 # The full reliability matrix: more seeds, trials and faults; its tally goes to
-# bench/results/reliability.json (quoted in RELIABILITY.md).
+# bench/results/reliability.json and RELIABILITY.md.
 soak: $(STAMP)
-	@LAKESTREAM_SOAK=1 LAKESTREAM_RELIABILITY_REPORT=bench/results/reliability.json \
+	@start=$$(date +%s); \
+	LAKESTREAM_SOAK=1 LAKESTREAM_RELIABILITY_REPORT=bench/results/reliability.json \
 		$(PY) -m pytest -q tests/reliability \
-		tests/producers/test_crash.py::test_killed_at_every_failpoint_then_restarted
+		tests/producers/test_crash.py::test_killed_at_every_failpoint_then_restarted && \
+	$(PY) bench/reliability_report.py $$(( $$(date +%s) - start ))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -73,7 +73,28 @@ def main() -> None:
                 f"| produce -> visible p50 <= 20 ms (local) | "
                 f"{lat['lakestream']['p50_ms']:.1f} ms | "
                 f"{_target(lat['lakestream']['p50_ms'] <= 20)} |", "",
-                f"Command: `{brokers['command']}`", ""]
+                f"Command: `{brokers['command'].strip()}`", ""]
+        ing = {(x["system"], x["producers"]): x for x in brokers["ingest"]}
+        if r["ingest_lakestream_zstd_over_redis_4p"] < 1.5 or \
+                r["ingest_lakestream_none_over_nats_best_4p"] < 1.0:
+            out += ["Why ingest misses its targets here: a Lakestream producer encodes every "
+                    "fragment as Parquet (and checksums it) in the producer's own Python "
+                    "process, on the same 2 cores as everything else "
+                    f"({ing[('lakestream', 4)]['cpu_s_per_gb']:.1f} CPU-s per GB with zstd, "
+                    f"{ing[('lakestream-none', 4)]['cpu_s_per_gb']:.1f} uncompressed), while "
+                    "a broker producer ships the raw bytes and the server appends them "
+                    f"(Redis {ing[('redis', 4)]['cpu_s_per_gb']:.1f}, NATS async "
+                    f"{ing[('nats-async', 4)]['cpu_s_per_gb']:.1f} CPU-s per GB, server "
+                    "included). On 2 cores the run is CPU-bound, so CPU per GB decides it. "
+                    "What the brokers hold is a log of opaque messages in one server's "
+                    "memory or disk; what Lakestream holds is a queryable Delta table in the "
+                    "object store.", ""]
+        if r["slice_fetch_lakestream_over_redis"] > 1.0:
+            out += ["Why a rank slice is slower than Redis: Redis answers `XRANGE` from memory "
+                    "on an open connection; Lakestream here opens a fresh stream handle per "
+                    "fetch and reads the fragment footers and row groups from files. It is "
+                    "faster than NATS, whose random access needs a consumer created at the "
+                    "start sequence.", ""]
     deltars = _load("deltars")
     if isinstance(deltars, dict):
         out += ["## Plain `write_deltalake` appends (`bench/deltars.py`)", "",
@@ -93,7 +114,7 @@ def main() -> None:
                 f"Target >= 3x at 4 writers with small fragments at every log length: "
                 f"{small:.2f}x flat-out, minimum {min(by_tenth):.2f}x over the growth run: "
                 f"{_target(small >= 3 and min(by_tenth) >= 3)}.", "",
-                f"Command: `{deltars['command']}`", ""]
+                f"Command: `{deltars['command'].strip()}`", ""]
     ingest = _load("ingest")
     if isinstance(ingest, dict):
         g = ingest["growth"]
@@ -107,7 +128,7 @@ def main() -> None:
         out += ["", "Growth to 20,000 versions (4 producers, local store), samples/s by tenth of "
                 "the run: " + ", ".join(f"{x:.0f}" for x in g.get("decile_samples_per_s", []))
                 + f"; last / first tenth = {g['ratio_last_to_first']:.2f}.", "",
-                f"Command: `{ingest['command']}`", ""]
+                f"Command: `{ingest['command'].strip()}`", ""]
     loader = _load("loader")
     if isinstance(loader, dict):
         out += ["## Loaders (`bench/loader.py`)", "",
@@ -116,7 +137,7 @@ def main() -> None:
         for x in loader["runs"]:
             out.append(f"| {x['system']} | {x['num_workers']} | {x['samples_per_s']:.0f} | "
                        f"{x['mb_per_s']:.0f} | {x['first_batch_s']:.2f} |")
-        out += ["", f"Command: `{loader['command']}`", ""]
+        out += ["", f"Command: `{loader['command'].strip()}`", ""]
     out += ["## Not measured in this run", "",
             "TransferQueue (PyPI `transferqueue`): needs Ray with >= 8 logical CPUs inside a "
             "loopback-only network namespace; not set up yet, so no figures are claimed.", ""]

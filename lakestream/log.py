@@ -287,7 +287,8 @@ def decode_entry(version: int, data: bytes) -> Entry:
     try:
         if not data.endswith(b"\n"):
             raise ValueError("it does not end with a newline: it is truncated")
-        actions = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+        # Split on "\n" alone, as Delta readers do: splitlines() also splits on \v, \f, \x1c...
+        actions = [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for a in actions:
             if not isinstance(a, dict) or len(a) != 1:

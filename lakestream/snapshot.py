@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import threading
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -134,6 +136,20 @@ def _read_manifest(data: bytes) -> dict[str, Any]:
     return info
 
 
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Threads shared by every open, for fetching segments in parallel (starting threads for
+    each open costs more than a whole local open); made anew in a forked child."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(8, thread_name_prefix="lakestream-open"))
+        return _POOL[1]
+
+
 def decode_snapshot(version: int, manifest: bytes, fetch: Callable[[str], bytes]) -> ReplayState:
     """Parses a snapshot from its manifest, reading the segments it names with ``fetch``
     (in parallel when there are several).
@@ -179,8 +195,7 @@ def decode_snapshot(version: int, manifest: bytes, fetch: Callable[[str], bytes]
                 from None
 
     if len(segments) > 1:
-        with ThreadPoolExecutor(min(8, len(segments))) as pool:
-            parts = list(pool.map(load, segments))
+        parts = list(_pool().map(load, segments))
     else:
         parts = [load(s) for s in segments]
     fragments = [f for part in parts for f in part]

@@ -81,7 +81,7 @@ class Pipeline(RuleBasedStateMachine):
         self.committed = state["next"] if state else 0  # exactly what was committed
         self.unsure = False
 
-    @precondition(lambda self: not self.unsure)
+    @precondition(lambda self: self.producer is not None)
     @rule(n=st.integers(1, 4))
     def produce(self, n: int) -> None:
         assert self.producer is not None
@@ -91,8 +91,13 @@ class Pipeline(RuleBasedStateMachine):
             self.producer.flush()
             self.committed += n
         except LakestreamError:
-            self.unsure = True  # restart to learn what landed
+            # A client whose write failed stops its producer (its committer could still be
+            # landing earlier uploads) and restarts it to learn what landed.
+            self.producer.abort()
+            self.producer = None
+            self.unsure = True
 
+    @precondition(lambda self: self.producer is not None)
     @rule()
     def crash(self) -> None:
         assert self.producer is not None
@@ -100,6 +105,7 @@ class Pipeline(RuleBasedStateMachine):
         self.producer = None
         self.restart()
 
+    @precondition(lambda self: self.producer is not None)
     @rule(how=st.sampled_from(["lose", "fail"]))
     def inject(self, how: str) -> None:
         assert self.flaky is not None
