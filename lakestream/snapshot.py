@@ -48,6 +48,11 @@ def snapshot_key(version: int) -> str:
     return f"{SNAPSHOT_DIR}{version:020d}.json"
 
 
+def snapshot_version(key: str) -> int:
+    """The version a snapshot key names (ValueError if it names none)."""
+    return int(key[len(SNAPSHOT_DIR):].split(".")[0])
+
+
 def segment_key(lo: int, hi: int, reclaim: int) -> str:
     """The segment of fragments committed at versions ``(lo, hi]``, less those removed by
     reclaims up to version ``reclaim`` (0: no reclaim after ``hi``)."""
@@ -359,7 +364,7 @@ def _newest_snapshot(store: ObjectStore, errors: list[str]) -> ReplayState | Non
     # The hint and its snapshot are unusable: list the (few, retained) snapshots instead.
     for key in sorted((m.key for m in store.list(SNAPSHOT_DIR)), reverse=True):
         try:
-            version = int(key[len(SNAPSHOT_DIR):].split(".")[0])
+            version = snapshot_version(key)
             return decode_snapshot(version, store.get(key), store.get)
         except (ValueError, NotFoundError, CorruptLogError) as e:
             errors.append(str(e))

@@ -10,7 +10,13 @@ from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.fragment import FragmentReader
 from lakestream.log import log_key
 from lakestream.replay import ReplayState
-from lakestream.snapshot import SNAPSHOT_DIR, decode_snapshot, read_entry, snapshot_key
+from lakestream.snapshot import (
+    SNAPSHOT_DIR,
+    decode_snapshot,
+    read_entry,
+    snapshot_key,
+    snapshot_version,
+)
 from lakestream.store.base import ObjectStore
 
 
@@ -27,7 +33,7 @@ def _snapshot_versions(store: ObjectStore) -> list[int]:
     out = []
     for meta in store.list(SNAPSHOT_DIR):
         try:
-            out.append(int(meta.key[len(SNAPSHOT_DIR):].split(".")[0]))
+            out.append(snapshot_version(meta.key))
         except ValueError:
             continue
     return sorted(out)
