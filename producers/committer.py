@@ -30,14 +30,24 @@ class Uploaded:
     crc32: int
 
 
+GAP_WINDOWS = 2.0
+"""The least wait after a commit, in commit windows: a rival that lost needs about two
+requests (its failed put returning, reading the winner) before it can put again."""
+
+
 class Committer(threading.Thread):
     """Commits what the upload pool hands it, in seq order, one commit at a time.
 
     Adaptive policy: each commit carries every contiguous fragment uploaded since the last,
     and the wait between commits comes from an ``IntervalController`` fed with this
     producer's own conflicts and commit windows, cut short once half the writer's in-flight
-    budget is uploaded. Per-fragment policy: one fragment per commit,
-    no wait, fixed retry backoff.
+    budget is uploaded — but never shorter than ``GAP_WINDOWS`` commit windows. That gap is
+    what keeps one producer from capturing the log: a rival that lost a race learns of it
+    only when its put returns and needs a read before it can retry, so a producer that put
+    again the moment its own commit landed would win every race, see no rival commit
+    between its own, read that as low load, and starve the others for as long as it had
+    fragments ready. Per-fragment policy: one fragment per commit, no wait, fixed retry
+    backoff.
     """
 
     def __init__(self, producer: Producer) -> None:
@@ -70,16 +80,19 @@ class Committer(threading.Thread):
             self._stopping = True
             self._cond.notify_all()
 
-    def _take(self, wait_s: float) -> list[Uploaded] | None:
-        """The next contiguous run of uploaded fragments, after at least ``wait_s``."""
-        deadline = time.monotonic() + wait_s
+    def _take(self, wait_s: float, gap_s: float = 0.0) -> list[Uploaded] | None:
+        """The next contiguous run of uploaded fragments, after ``wait_s`` (or sooner once
+        half the in-flight budget is ready, but never before ``gap_s``)."""
+        now = time.monotonic()
+        deadline, earliest = now + max(wait_s, gap_s), now + gap_s
         with self._cond:
             while not self._stopping:
-                left = deadline - time.monotonic()
-                if self._next in self._ready and (
-                        left <= 0 or len(self._ready) >= self._full_fragments
-                        or self._ready_bytes >= self._full_bytes):
+                now = time.monotonic()
+                full = len(self._ready) >= self._full_fragments or \
+                    self._ready_bytes >= self._full_bytes
+                if self._next in self._ready and (now >= deadline or (full and now >= earliest)):
                     break
+                left = (earliest if full else deadline) - now
                 self._cond.wait(max(left, 0.001) if self._next in self._ready else 0.5)
             if self._stopping:
                 return None
@@ -92,10 +105,10 @@ class Committer(threading.Thread):
 
     def run(self) -> None:
         p = self._p
-        wait_s, contended = 0.0, False
+        wait_s, gap_s, contended = 0.0, 0.0, False
         try:
             while True:
-                batch = self._take(wait_s)
+                batch = self._take(wait_s, gap_s)
                 if batch is None:
                     return
                 # After a wait or a lost race the head has likely moved: read it first
@@ -116,6 +129,7 @@ class Committer(threading.Thread):
                         # The window, not the latency: catching up after a long wait takes
                         # long, and read as contention it would lengthen the next wait.
                         wait_s = self._controller.observe(result.window_s, contended, others)
+                        gap_s = GAP_WINDOWS * result.window_s
                 p._on_committed(batch[-1].seq, batch[-1].state, batch)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call
             p._fail(e)

@@ -109,3 +109,52 @@ def test_the_commit_window_leaves_out_catching_up(tmp_path) -> None:
     result = behind.commit(lambda _s, cid: Fence("late", 1, cid), catch_up=True)
     assert result is not None and result.version == 401 and result.attempts == 1
     assert result.window_s < result.latency_s / 5, (result.window_s, result.latency_s)
+
+
+class _Slow:
+    """Every store request takes ``delay_s`` longer, as on a remote object store."""
+
+    def __init__(self, inner: object, delay_s: float) -> None:
+        self._inner, self._delay_s = inner, delay_s
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._inner, name)
+        if name not in ("put", "get", "get_range", "head", "list", "delete"):
+            return attr
+
+        def slowed(*args: object, **kwargs: object) -> object:
+            time.sleep(self._delay_s)
+            return attr(*args, **kwargs)
+
+        return slowed
+
+
+def test_no_producer_captures_the_log(tmp_path) -> None:
+    # Regression: a producer put its next entry the moment its last one landed. A rival that
+    # lost a race needs two requests before it can put again, so it lost every race; the
+    # winner saw no rival commits, read that as low load, dropped its interval to zero and
+    # starved the others (one of three producers committed 2% of the fragments).
+    from lakestream.producers import Producer
+
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=8, group_size=4)
+    producers = [Producer(uri, f"w{k}") for k in range(3)]
+    for p in producers:
+        p.stream.store = _Slow(p.stream.store, 0.01)  # type: ignore[assignment]
+    stop = time.monotonic() + 3.0
+
+    def write(p: Producer, k: int) -> None:
+        i = 0
+        while time.monotonic() < stop:
+            p.write(rows(10_000_000 * k + 4 * i, 4))
+            i += 1
+
+    threads = [threading.Thread(target=write, args=(p, k)) for k, p in enumerate(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    shares = [p.stats.fragments_committed for p in producers]
+    for p in producers:
+        p.abort()
+    assert min(shares) >= 0.15 * sum(shares), shares
