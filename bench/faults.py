@@ -1,0 +1,192 @@
+"""Producer throughput under injected S3 503 SlowDown replies beside the same producers
+without faults, and how fast they recover once the faults stop.
+
+Each run is one stream on a fresh moto S3 endpoint, written by 3 producer processes flat out
+through three phases of equal length: no faults, then 503s on a share ``rate`` of every
+producer request (injected before the request reaches the endpoint, by the botocore hook of
+``tests/reliability/faults.py``), then no faults again. Both fault-free phases of the same
+run are the baseline, so the endpoint slowing as it fills does not flatter the ratio.
+Recovery: from the moment faults stop, how long until every producer has committed again,
+and until the producers together are back to 0.8x the baseline over a 1 s window; the
+target is 2x the store's retry backoff cap.
+
+Run: .venv/bin/python bench/faults.py [--phase 10]
+Writes bench/results/faults.json and faults.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import payload  # noqa: E402
+
+import lakestream  # noqa: E402
+from lakestream.producers import Producer  # noqa: E402
+from lakestream.store.s3 import S3Options  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+GROUP, PRODUCERS, RATES = 16, 3, (0.05, 0.20)
+RECOVERED_AT = 0.8  # share of the baseline rate that counts as recovered
+
+
+def _producer(uri: str, options: dict[str, str], k: int, rate: float, start_at: float,
+              phase: float, out: Any) -> None:
+    from tests.reliability.faults import FaultInjector
+
+    tables = [payload.rollouts(GROUP, GROUP, seed=100 * k + s) for s in range(8)]
+    p = Producer(uri, f"p-{k}", storage_options=options)
+    faults = FaultInjector(rate, seed=k, kinds=("503",))
+    faults.enabled = False
+    faults.attach(p.stream.store.client)
+    series: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:  # when each commit landed, to 10 ms
+        last = 0
+        while not done.is_set():
+            n = p.stats.fragments_committed
+            if n != last:
+                series.append((time.time(), n))
+                last = n
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    n = 0
+    while time.time() < start_at + 3 * phase:
+        now = time.time()
+        faults.enabled = start_at + phase <= now < start_at + 2 * phase
+        p.write(tables[n % len(tables)])
+        n += 1
+    faults.enabled = False
+    p.abort()  # what is not committed by the deadline does not count
+    done.set()
+    sampler.join()
+    out.put({"producer": k, "series": series, "injected": faults.injected,
+             "commits": p.stats.commits, "attempts": p.stats.attempts,
+             "conflicts": p.stats.conflicts})
+
+
+def _rate(runs: list[dict[str, Any]], lo: float, hi: float) -> float:
+    """Committed samples/s over [lo, hi) from the producers' commit series."""
+    total = 0
+    for r in runs:
+        before = [n for t, n in r["series"] if t < lo]
+        upto = [n for t, n in r["series"] if t < hi]
+        total += (upto[-1] if upto else 0) - (before[-1] if before else 0)
+    return total * GROUP / (hi - lo)
+
+
+def run(rate: float, phase: float) -> dict[str, Any]:
+    from tests.s3server import s3_options, start_s3
+
+    server, url = start_s3("bench")
+    try:
+        options = s3_options(url)
+        uri = f"s3://bench/faults-{rate}"
+        lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=256, group_size=GROUP,
+                          storage_options=options)
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        start_at = time.time() + 4.0
+        procs = [ctx.Process(target=_producer, args=(uri, options, k, rate, start_at, phase,
+                                                      out)) for k in range(PRODUCERS)]
+        for p in procs:
+            p.start()
+        runs = [out.get(timeout=3 * phase + 120) for _ in procs]
+        for p in procs:
+            p.join()
+    finally:
+        server.stop()
+    stop = start_at + 2 * phase
+    clean = [_rate(runs, start_at, start_at + phase), _rate(runs, stop + phase / 2,
+                                                            stop + phase)]
+    baseline = sum(clean) / 2
+    faulty = _rate(runs, start_at + phase, stop)
+    # None: not within the last phase
+    resumed = [min((t - stop for t, _ in r["series"] if stop <= t < stop + phase), default=None)
+               for r in runs]
+    back = next((t + 1.0 - stop for t in (stop + 0.1 * i for i in range(int(10 * phase) - 10))
+                 if _rate(runs, t, t + 1.0) >= RECOVERED_AT * baseline), None)
+    timeline = [(t - start_at, _rate(runs, t, t + 0.5))
+                for t in (start_at + 0.5 * i for i in range(int(6 * phase)))]
+    return {"rate": rate, "phase_s": phase, "baseline_samples_per_s": baseline,
+            "clean_samples_per_s": clean, "faulty_samples_per_s": faulty,
+            "ratio": faulty / baseline, "injected": sum(r["injected"] for r in runs),
+            "resumed_s": resumed, "recovered_s": back, "timeline": timeline,
+            "per_producer": [[_rate([r], start_at + i * phase, start_at + (i + 1) * phase)
+                              for i in range(3)] for r in runs],
+            "conflicts": sum(r["conflicts"] for r in runs),
+            "attempts": sum(r["attempts"] for r in runs)}
+
+
+def _slowest(run: dict[str, Any]) -> float | None:
+    """When the last producer committed again after the faults stopped."""
+    resumed = run["resumed_s"]
+    return None if None in resumed else max(resumed)
+
+
+def _seconds(s: float | None) -> str:
+    return "not within the phase" if s is None else f"{s:.1f} s"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 3.8), sharey=True)
+    for ax, r in zip(axes, runs, strict=True):
+        ax.plot([t for t, _ in r["timeline"]], [v for _, v in r["timeline"]])
+        ax.axvspan(r["phase_s"], 2 * r["phase_s"], color="red", alpha=0.15,
+                   label=f"{100 * r['rate']:.0f}% 503s")
+        ax.axhline(r["baseline_samples_per_s"], color="gray", ls="--", label="fault-free")
+        ax.set_xlabel("s")
+        ax.set_title(f"{100 * r['rate']:.0f}% 503s: {r['ratio']:.2f}x fault-free; after: "
+                     f"throughput {_seconds(r['recovered_s'])}, "
+                     f"every producer {_seconds(_slowest(r))}", fontsize=9)
+        ax.legend(loc="lower left")
+    axes[0].set_ylabel("committed samples/s (0.5 s bins)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--phase", type=float, default=10.0, help="seconds per phase")
+    args = parser.parse_args()
+    result: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "command": "bench/faults.py " + " ".join(sys.argv[1:]), "producers": PRODUCERS,
+        "backoff_cap_s": S3Options().backoff_cap_s, "runs": []}
+    for rate in RATES:
+        r = run(rate, args.phase)
+        result["runs"].append(r)
+        print(f"{100 * rate:3.0f}% 503s: {r['faulty_samples_per_s']:7.0f} samples/s vs "
+              f"{r['baseline_samples_per_s']:7.0f} fault-free = {r['ratio']:.2f}x; "
+              f"{r['injected']} injected; once they stopped, throughput back to "
+              f"{RECOVERED_AT}x in {_seconds(r['recovered_s'])}, every producer committed "
+              f"again in {_seconds(_slowest(r))}", flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "faults.json").write_text(json.dumps(result, indent=1))
+    plot(result, RESULTS / "faults.png")
+
+
+if __name__ == "__main__":
+    main()
