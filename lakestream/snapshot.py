@@ -19,6 +19,7 @@ import io
 import json
 import os
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -280,19 +281,22 @@ def read_entry(store: ObjectStore, version: int) -> Entry:
 
 
 TAIL_WIDTH = 16
+SLOW_ROUND_S = 0.002
 
 
 def read_tail(store: ObjectStore, state: ReplayState) -> ReplayState:
     """Folds every entry after ``state.version`` into ``state``, until one is absent.
 
-    At the head this is one GET that finds nothing. Behind it, each round reads twice as
-    many entries at once as the last (up to ``TAIL_WIDTH``, in parallel): read one at a
-    time, a reader far behind could never reach a head that others move on as fast as it
-    reads (a producer spent 20 s in one commit that way).
+    At the head this is one GET that finds nothing. Behind it, while reads wait on the
+    store (a round takes over ``SLOW_ROUND_S``), each round reads twice as many entries at
+    once as the last, up to ``TAIL_WIDTH``: read one at a time, a reader far behind could
+    not reach a head that others move on as fast as it reads (a producer spent 9 s in one
+    commit that way). Reads that are fast (a local disk) stay one at a time, where handing
+    them to threads would cost more than the reads.
     """
     width = 1
     while True:
-        first = state.version + 1
+        first, t0 = state.version + 1, time.monotonic()
         if width == 1:
             entries = [_entry_or_none(store, first)]
         else:
@@ -302,7 +306,8 @@ def read_tail(store: ObjectStore, state: ReplayState) -> ReplayState:
             if entry is None:
                 return state
             state.apply(first + offset, entry)
-        width = min(2 * width, TAIL_WIDTH)
+        if time.monotonic() - t0 > SLOW_ROUND_S:
+            width = min(2 * width, TAIL_WIDTH)
 
 
 def _entry_or_none(store: ObjectStore, version: int) -> Entry | None:
