@@ -34,14 +34,18 @@ def _writer(system: str, uri: str, k: int, rows: int, start_at: float, duration:
             stop_version: int, out: Any) -> None:
     tables = [payload.rollouts(rows, GROUP, seed=100 * k + s) for s in range(4)]
     nbytes = [t.nbytes for t in tables]
-    n = done_bytes = 0
+    n = done_bytes = failed = 0
     time.sleep(max(0.0, start_at - time.time()))
     cpu0 = time.process_time()
     if system == "deltalake":
         import deltalake
 
         while time.time() < start_at + duration:
-            deltalake.write_deltalake(uri, tables[n % 4], mode="append")
+            try:
+                deltalake.write_deltalake(uri, tables[n % 4], mode="append")
+            except deltalake.exceptions.CommitFailedError:
+                failed += 1  # delta-rs gave up after its own retries: try again, as users do
+                continue
             done_bytes += nbytes[n % 4]
             n += 1
             if stop_version and n % 20 == 0 and deltalake.DeltaTable(uri).version() >= \
@@ -61,7 +65,7 @@ def _writer(system: str, uri: str, k: int, rows: int, start_at: float, duration:
         samples = p.stats.fragments_committed * rows
         done_bytes = sum(nbytes[i % 4] for i in range(p.stats.fragments_committed))
     out.put({"samples": samples, "bytes": done_bytes, "cpu_s": time.process_time() - cpu0,
-             "elapsed": time.time() - start_at})
+             "elapsed": time.time() - start_at, "failed_commits": failed})
     out.close()
     out.join_thread()  # the result is in the pipe before the hard exit below
     os._exit(0)  # deltalake 1.x can abort in its exit handlers
@@ -129,8 +133,7 @@ def growth(system: str, root: str, target: int, writers: int = 4) -> dict[str, A
     while any(p.is_alive() for p in procs):
         time.sleep(1.0)
         points.append((time.time() - start_at, *_head(system, uri)))
-    for _ in procs:
-        out.get(timeout=60)
+    failed = sum(out.get(timeout=60)["failed_commits"] for _ in procs)
     # Samples/s while the log went through each tenth of the target length.
     tenths = []
     for d in range(10):
@@ -140,6 +143,7 @@ def growth(system: str, root: str, target: int, writers: int = 4) -> dict[str, A
         else:
             tenths.append(0.0)
     return {"system": system, "points": points, "samples_per_s_by_tenth": tenths,
+            "failed_commits": failed,
             "seconds_to_target": points[-1][0] if points else 0.0}
 
 
@@ -199,7 +203,9 @@ def main() -> None:
             result["growth"].append(g)
             print(f"growth {system:10} to {args.growth_versions} versions in "
                   f"{g['seconds_to_target']:.0f} s; samples/s by tenth of the log "
-                  f"{[round(x) for x in g['samples_per_s_by_tenth']]}", flush=True)
+                  f"{[round(x) for x in g['samples_per_s_by_tenth']]}; "
+                  f"{g['failed_commits']} commits failed after the writer's retries",
+                  flush=True)
     small = {r["system"]: r for r in result["throughput"]
              if r["rows"] == SIZES["small"] and r["writers"] == 4}
     by = {g["system"]: g["samples_per_s_by_tenth"] for g in result["growth"]}
