@@ -163,7 +163,7 @@ def main() -> None:
                        f"{_target(resumed is not None and resumed <= cap2)}) |")
         out += ["", f"Command: `{faults['command'].strip()}`", ""]
         if any(x["ratio"] < targets.get(round(x["rate"], 2), 0.0) for x in faults["runs"]):
-            out += ["Why the 20% run falls short: the endpoint here is moto, one Python process "
+            out += ["Why the fault runs fall short: the endpoint here is moto, one Python process "
                     "sharing the 2 cores with the producers, and it is saturated. Under 503s "
                     "every request takes longer and producers lose more races; a producer that "
                     "loses must read every entry committed since its view, through the same "
