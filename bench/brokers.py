@@ -462,14 +462,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
-    for k, n in enumerate((1, 4)):
-        rows = [r for r in result["ingest"] if r["producers"] == n]
-        axes[0].bar([x + 0.4 * k for x in range(len(rows))], [r["mb_per_s"] for r in rows],
-                    width=0.4, label=f"{n} producer{'s' if n > 1 else ''}")
-        axes[0].set_xticks(range(len(rows)), [r["system"] for r in rows], rotation=30,
-                           ha="right", fontsize=8)
-    axes[0].set_title("ingest, MB/s of sample payload")
-    axes[0].legend()
+    plot_ingest(axes[0], result["ingest"], lambda r: r["system"], rotation=30)
     lat = result["latency"]
     axes[1].bar(range(len(lat)), [r["p50_ms"] for r in lat], label="p50")
     axes[1].scatter(range(len(lat)), [r["p99_ms"] for r in lat], color="black", label="p99",
@@ -479,12 +472,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[1].set_yscale("log")
     axes[1].set_title("produce -> visible, ms (200 samples/s)")
     axes[1].legend()
-    con = result["consume"]
-    axes[2].bar(range(len(con)), [r["drain_mb_per_s"] for r in con])
-    axes[2].set_xticks(range(len(con)), [r["system"] for r in con], fontsize=8)
-    axes[2].set_title("consumer drain, MB/s")
+    plot_consume(axes[2], result["consume"], "drain_mb_per_s", "consumer drain, MB/s")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot_ingest(ax: Any, runs: list[dict[str, Any]], label: Any, rotation: int = 0) -> None:
+    """MB/s of each ingest run, 1 and 4 producers side by side."""
+    for k, n in enumerate((1, 4)):
+        rows = [r for r in runs if r["producers"] == n]
+        ax.bar([x + 0.4 * k for x in range(len(rows))], [r["mb_per_s"] for r in rows],
+               width=0.4, label=f"{n} producer{'s' if n > 1 else ''}")
+        ax.set_xticks(range(len(rows)), [label(r) for r in rows], rotation=rotation,
+                      ha="right" if rotation else "center", fontsize=8)
+    ax.set_title("ingest, MB/s of sample payload")
+    ax.legend()
+
+
+def plot_consume(ax: Any, runs: list[dict[str, Any]], field: str, title: str) -> None:
+    ax.bar(range(len(runs)), [r[field] for r in runs])
+    ax.set_xticks(range(len(runs)), [r["system"] for r in runs], fontsize=8)
+    ax.set_title(title)
 
 
 def main() -> None:

@@ -22,6 +22,24 @@ def _target(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
+def _ingest_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Ingest runs of bench/brokers.py and bench/transferqueue.py as a table."""
+    out = ["| system | producers | samples/s | MB/s | CPU-s per GB |",
+           "| --- | --- | --- | --- | --- |"]
+    for x in runs:
+        name = x["system"] + (f" ({x['put_batch']} per put)" if "put_batch" in x else "")
+        out.append(f"| {name} | {x['producers']} | {x['samples_per_s']:.0f} | "
+                   f"{x['mb_per_s']:.1f} | {x['cpu_s_per_gb']:.1f} |")
+    return out
+
+
+def _consume_table(runs: list[dict[str, Any]]) -> list[str]:
+    out = ["| consumer | rank slice (32 of 256) p50 ms | drain MB/s |", "| --- | --- | --- |"]
+    out += [f"| {x['system']} | {x['slice_p50_ms']:.2f} | {x['drain_mb_per_s']:.0f} |"
+            for x in runs]
+    return out
+
+
 def main() -> None:
     out = ["# Benchmarks", "",
            "Produced by one `bench/run-all` on this machine; every peer ran beside Lakestream in",
@@ -40,19 +58,12 @@ def main() -> None:
                 f"{brokers['versions']['nats-server']}. Redis with `appendonly yes`, "
                 "`appendfsync everysec`; NATS JetStream with file storage. Kafka cannot run "
                 "here: no broker distribution is reachable from these machines.", "",
-                "| system | producers | samples/s | MB/s | CPU-s per GB |",
-                "| --- | --- | --- | --- | --- |"]
-        for x in brokers["ingest"]:
-            out.append(f"| {x['system']} | {x['producers']} | {x['samples_per_s']:.0f} | "
-                       f"{x['mb_per_s']:.1f} | {x['cpu_s_per_gb']:.1f} |")
+                *_ingest_table(brokers["ingest"])]
         out += ["", "| produce -> visible (200 samples/s) | p50 ms | p99 ms |",
                 "| --- | --- | --- |"]
         for x in brokers["latency"]:
             out.append(f"| {x['system']} | {x['p50_ms']:.2f} | {x['p99_ms']:.2f} |")
-        out += ["", "| consumer | rank slice (32 of 256) p50 ms | drain MB/s |",
-                "| --- | --- | --- |"]
-        for x in brokers["consume"]:
-            out.append(f"| {x['system']} | {x['slice_p50_ms']:.2f} | {x['drain_mb_per_s']:.0f} |")
+        out += ["", *_consume_table(brokers["consume"])]
         lat = {x["system"]: x for x in brokers["latency"]}
         out += ["", "| target (4 producers, local store) | ratio | |", "| --- | --- | --- |",
                 f"| ingest, zstd fragments >= 1.5x Redis Streams | "
@@ -107,16 +118,7 @@ def main() -> None:
                 "logical CPUs, run in a network namespace with only loopback up (Ray listens on "
                 "every interface); Lakestream on the local store in the same namespace, measured "
                 f"before the Ray cluster starts. `tq.init()` took {tq['tq_init_s']:.1f} s.", "",
-                "| system | producers | samples/s | MB/s | CPU-s per GB |",
-                "| --- | --- | --- | --- | --- |"]
-        for x in tq["ingest"]:
-            name = x["system"] + (f" ({x['put_batch']} per put)" if "put_batch" in x else "")
-            out.append(f"| {name} | {x['producers']} | {x['samples_per_s']:.0f} | "
-                       f"{x['mb_per_s']:.1f} | {x['cpu_s_per_gb']:.1f} |")
-        out += ["", "| consumer | rank slice (32 of 256) p50 ms | drain MB/s |",
-                "| --- | --- | --- |"]
-        for x in tq["consume"]:
-            out.append(f"| {x['system']} | {x['slice_p50_ms']:.2f} | {x['drain_mb_per_s']:.0f} |")
+                *_ingest_table(tq["ingest"]), "", *_consume_table(tq["consume"])]
         out += ["", "| target (4 producers, local store) | ratio | |", "| --- | --- | --- |",
                 f"| ingest, zstd fragments >= 2x TransferQueue (its best put size) | "
                 f"{r['ingest_lakestream_zstd_over_tq_4p']:.2f}x | "

@@ -191,20 +191,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for k, n in enumerate((1, 4)):
-        rows = [r for r in result["ingest"] if r["producers"] == n]
-        axes[0].bar([x + 0.4 * k for x in range(len(rows))], [r["mb_per_s"] for r in rows],
-                    width=0.4, label=f"{n} producer{'s' if n > 1 else ''}")
-        axes[0].set_xticks(range(len(rows)), [_label(r) for r in rows], fontsize=8)
-    axes[0].set_title("ingest, MB/s of sample payload")
-    axes[0].legend()
-    con = result["consume"]
-    axes[1].bar(range(len(con)), [r["drain_mb_per_s"] for r in con])
-    axes[1].set_xticks(range(len(con)), [r["system"] for r in con], fontsize=8)
-    axes[1].set_title("one consumer drains 40 global batches, MB/s")
-    axes[2].bar(range(len(con)), [r["slice_p50_ms"] for r in con])
-    axes[2].set_xticks(range(len(con)), [r["system"] for r in con], fontsize=8)
-    axes[2].set_title("one rank's slice (32 of 256), p50 ms")
+    brokers.plot_ingest(axes[0], result["ingest"], _label, rotation=20)
+    brokers.plot_consume(axes[1], result["consume"], "drain_mb_per_s",
+                         "one consumer drains 40 global batches, MB/s")
+    brokers.plot_consume(axes[2], result["consume"], "slice_p50_ms",
+                         "one rank's slice (32 of 256), p50 ms")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
