@@ -199,12 +199,17 @@ def main() -> None:
     if isinstance(ingest, dict):
         g = ingest["growth"]
         out += ["## DAC: adaptive vs per-fragment commits (`bench/ingest.py`)", "",
-                "| store | producers | policy | samples/s | MB/s | conflicts | fragments/commit |",
-                "| --- | --- | --- | --- | --- | --- | --- |"]
+                "| store | producers | policy | samples/s | MB/s | producer CPU-s per GB | "
+                "conflicts | fragments/commit |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for x in ingest["scaling"]:
             out.append(f"| {x['store']} | {x['producers']} | {x['policy']} | "
                        f"{x['samples_per_s']:.0f} | {x['mb_per_s']:.1f} | "
+                       f"{x['producer_cpu_s_per_gb']:.1f} | "
                        f"{100 * x['conflict_ratio']:.1f}% | {x['fragments_per_commit']:.1f} |")
+        out += ["", "Producer CPU counts every producer process from the start of the window "
+                "until it has stopped, over the GB committed in the window; on S3 the "
+                "endpoint's own CPU (moto, in the benchmark's process) is not in it."]
         out += ["", "Growth to 20,000 versions (4 producers, local store), samples/s by tenth of "
                 "the run: " + ", ".join(f"{x:.0f}" for x in g.get("decile_samples_per_s", []))
                 + f"; last / first tenth = {g['ratio_last_to_first']:.2f}.", "",
