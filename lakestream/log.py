@@ -13,17 +13,57 @@ from typing import Any
 import pyarrow as pa
 
 from lakestream.errors import CorruptLogError
-from lakestream.schema import decode_schema, delta_schema_string, encode_schema
+from lakestream.schema import (
+    decode_schema,
+    delta_schema_string,
+    delta_table_features,
+    encode_schema,
+)
 from lakestream.store.base import check_key
 
 FORMAT_VERSION = 1
 LOG_DIR = "_delta_log/"
 DATA_DIR = "data/"
-_PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_PRODUCER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# [0-9], not \d: \d also matches non-ASCII digits, which int() would accept.
+_LOG_ENTRY = re.compile(r"_delta_log/([0-9]{20})\.json")
+_CHECKPOINT = re.compile(
+    r"_delta_log/([0-9]{20})\.checkpoint(?:\.([0-9]{10})\.([0-9]{10}))?\.parquet")
 
 
 def log_key(version: int) -> str:
     return f"{LOG_DIR}{version:020d}.json"
+
+
+def log_version(key: str) -> int:
+    """The version of a log entry key, ``_delta_log/<20-digit version>.json``.
+
+    Raises:
+        ValueError: ``key`` is anything else under (or outside) the log: a Delta checkpoint,
+            ``_last_checkpoint``, a ``.crc`` file, a compacted log file, a temporary file.
+    """
+    m = _LOG_ENTRY.fullmatch(key)
+    if m is None:
+        raise ValueError(f"{key!r} is not a log entry key ({LOG_DIR}<20-digit version>.json)")
+    return int(m.group(1))
+
+
+def is_delta_checkpoint_key(key: str) -> int | None:
+    """The version of a Delta checkpoint file, or None if ``key`` is not one.
+
+    Matches classic checkpoints, ``_delta_log/<version>.checkpoint.parquet``, and parts of
+    multi-part ones, ``_delta_log/<version>.checkpoint.<part>.<parts>.parquet``. A multi-part
+    checkpoint is usable only once all its parts exist: the caller checks that. UUID-named
+    (v2) checkpoints are not matched: they are valid only in tables declaring the
+    ``v2Checkpoint`` feature, which streams do not, so counting one could drop log entries
+    that readers still need.
+    """
+    m = _CHECKPOINT.fullmatch(key)
+    if m is None:
+        return None
+    if m.group(2) is not None and not 1 <= int(m.group(2)) <= int(m.group(3)):
+        return None  # part 0, or part 3 of 2: no writer produces that
+    return int(m.group(1))
 
 
 def new_commit_id() -> str:
@@ -37,7 +77,7 @@ def check_producer_id(producer_id: str) -> str:
         ValueError: not 1-128 characters of letters, digits, ``.``, ``_``, ``-``, starting
             with a letter or digit.
     """
-    if not isinstance(producer_id, str) or not _PRODUCER_ID.match(producer_id):
+    if not isinstance(producer_id, str) or not _PRODUCER_ID.fullmatch(producer_id):
         raise ValueError(
             f"producer id {producer_id!r} is not valid: use 1-128 letters, digits, '.', '_' or "
             "'-', starting with a letter or digit"
@@ -214,8 +254,39 @@ def _remove(f: FragmentRef, now_ms: int) -> dict[str, Any]:
     }}
 
 
+def delta_protocol(schema: pa.Schema) -> dict[str, Any]:
+    """The body of the ``protocol`` action of a stream with this schema.
+
+    The legacy protocol (reader 1, writer 2) when the schema needs no table feature: more
+    Delta readers accept it. Otherwise table features (reader 3, writer 7) naming exactly
+    the features needed, as readers refuse e.g. ``timestamp_ntz`` columns without them.
+    """
+    features = delta_table_features(schema)
+    if not features:
+        return {"minReaderVersion": 1, "minWriterVersion": 2}
+    return {"minReaderVersion": 3, "minWriterVersion": 7,
+            "readerFeatures": features, "writerFeatures": list(features)}
+
+
+def _check_state(state: Any) -> None:
+    """Raises ValueError if ``state`` would serialise to a NaN or Infinity token: Python's
+    json writes them, but they are not JSON and other Delta readers reject the entry."""
+    try:
+        json.dumps(state, allow_nan=False)
+    except ValueError as e:
+        raise ValueError(
+            f"entry state holds NaN or Infinity, which is not JSON ({e}); Delta readers "
+            "would reject the log entry: replace them (with None or a string, say) before "
+            "committing"
+        ) from None
+
+
 def encode_entry(entry: Entry) -> bytes:
-    """The Delta Lake JSON lines of an entry."""
+    """The Delta Lake JSON lines of an entry.
+
+    Raises:
+        ValueError: an append's ``state`` holds NaN or Infinity (not JSON).
+    """
     now = int(time.time() * 1000)
     info: dict[str, Any] = {"format": FORMAT_VERSION, "commit_id": entry.commit_id}
     actions: list[dict[str, Any]] = []
@@ -223,9 +294,10 @@ def encode_entry(entry: Entry) -> bytes:
     if isinstance(entry, Create):
         info["op"] = "create"
         operation, params = "CREATE TABLE", {"mode": "ErrorIfExists"}
-        actions = [{"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        actions = [{"protocol": delta_protocol(entry.meta.schema)},
                    {"metaData": entry.meta.to_json()}]
     elif isinstance(entry, Append):
+        _check_state(entry.state)
         info.update(op="append", producer=entry.producer, epoch=entry.epoch,
                     seq=[entry.first_seq, entry.last_seq], state=entry.state)
         actions = [_add(f, now) for f in entry.fragments]
@@ -249,7 +321,9 @@ def encode_entry(entry: Entry) -> bytes:
                                   "operationParameters": params, "lakestream": info}}
     lines = [commit_info, *actions]
     info["crc32"] = entry_checksum(lines)
-    return ("\n".join(json.dumps(a, separators=(",", ":")) for a in lines) + "\n").encode()
+    # allow_nan=False as a backstop: nothing but the state should hold a float.
+    text = "\n".join(json.dumps(a, separators=(",", ":"), allow_nan=False) for a in lines)
+    return (text + "\n").encode()
 
 
 def entry_checksum(lines: list[dict[str, Any]]) -> int:
