@@ -223,7 +223,7 @@ def summary(pipe: Pipeline, facts: dict[str, Any]) -> list[str]:
 
 def _reclaimed_bytes(s: lakestream.Stream) -> int:
     from lakestream.log import Reclaim
-    from lakestream.snapshot import read_entry
+    from lakestream.tail import read_entry
 
     total = 0
     for v in s.state.reclaim_versions:

@@ -14,7 +14,7 @@ import pyarrow as pa
 from lakestream.errors import LakestreamError
 from lakestream.inventory import unreferenced
 from lakestream.progress import read_progress
-from lakestream.snapshot import HINT_KEY
+from lakestream.snapshot import read_hint
 from lakestream.store import open_store
 from lakestream.stream import Stream
 from lakestream.verify import verify
@@ -77,10 +77,7 @@ def _options(args: argparse.Namespace) -> dict[str, str] | None:
 def status(stream: Stream, keep_last: int = 2) -> dict[str, Any]:
     """What ``lakestream status`` shows, as a dict."""
     s = stream.state
-    try:
-        hint = json.loads(stream.store.get(HINT_KEY))["version"]
-    except (LakestreamError, ValueError, KeyError):
-        hint = None
+    hint = read_hint(stream.store)
     orphans = list(unreferenced(stream.store, s))
     point = stream.retention_point(keep_last)
     return {
@@ -181,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         from lakestream.demo.job import main as demo
 
         return demo()
+    def opened() -> Stream:
+        return Stream.open(args.uri, storage_options=_options(args))
+
     try:
         if args.command == "create":
             s = Stream.create(args.uri, parse_schema(args.schema),
@@ -190,14 +190,15 @@ def main(argv: list[str] | None = None) -> int:
                               storage_options=_options(args))
             print(f"created {s.uri} (B={s.global_batch_size}, G={s.group_size})")
         elif args.command == "retain":
-            stream = Stream.open(args.uri, _options(args))
+            stream = opened()
             version = stream.retain(keep_last=args.keep_last)
             print("nothing to reclaim" if version is None else
                   f"reclaimed below offset {stream.state.reclaimed_below} at version {version}")
         elif args.command == "gc":
-            report = Stream.open(args.uri, _options(args)).gc(grace_seconds=args.grace)
+            report = opened().gc(grace_seconds=args.grace)
             print(f"deleted {report.data_files} data files ({report.data_bytes} bytes), "
-                  f"{report.log_entries} log entries, {report.snapshots} snapshots "
+                  f"{report.log_entries} log entries, {report.delta_checkpoints} Delta "
+                  f"checkpoints, {report.snapshots} snapshots "
                   f"({report.index_segments} index segments), "
                   f"{report.temp_files} temp files; {report.kept_in_grace} kept in grace")
         elif args.command == "verify":
@@ -209,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{checked.fragments} fragments: {verdict}")
             return 1 if checked.problems else 0
         elif args.command == "tail":
-            tail(Stream.open(args.uri, _options(args)), args.interval, args.count, args.group)
+            tail(opened(), args.interval, args.count, args.group)
         elif args.command == "status":
-            info = status(Stream.open(args.uri, _options(args)), args.keep_last)
+            info = status(opened(), args.keep_last)
             if args.json:
                 print(json.dumps(info, indent=2, default=str))
             else:

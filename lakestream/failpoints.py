@@ -7,8 +7,10 @@ import os
 import signal
 import threading
 
-NAMES = ("before_upload", "after_upload", "before_commit", "after_commit", "during_snapshot",
-         "during_gc")
+NAMES = ("before_upload", "after_upload", "before_commit", "after_put", "after_commit",
+         "during_snapshot", "during_gc")
+"""``after_put``: the entry's put returned, before the commit is taken as landed;
+``after_commit``: landed and folded in, before post-commit work."""
 _hits: dict[str, int] = {}
 _lock = threading.Lock()
 

@@ -1,7 +1,7 @@
 """Consumer progress objects: ``_lakestream/progress/<group>.json``, overwritten, advisory.
 
 Rank 0 of a consumer group publishes the step it has reached and the policy version it
-trains; producers read it to stay within a staleness bound (DESIGN §8). Nothing correct
+trains; producers read it to stay within a staleness bound (docs/design.md). Nothing correct
 depends on it: a missing or torn object reads as "no progress yet".
 """
 
@@ -16,7 +16,7 @@ from lakestream.errors import NotFoundError, StoreError
 from lakestream.store.base import ObjectStore
 
 PROGRESS_DIR = "_lakestream/progress/"
-_GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def check_group(group: str) -> str:
@@ -25,7 +25,7 @@ def check_group(group: str) -> str:
     Raises:
         ValueError: not 1-128 letters, digits, '.', '_' or '-'.
     """
-    if not isinstance(group, str) or not _GROUP.match(group):
+    if not isinstance(group, str) or not _GROUP.fullmatch(group):
         raise ValueError(f"consumer group {group!r} is not valid: use 1-128 letters, digits, "
                          "'.', '_' or '-', starting with a letter or digit")
     return group

@@ -1,4 +1,4 @@
-"""Replay: the deterministic fold of log entries into the stream's state (DESIGN §3)."""
+"""Replay: the deterministic fold of log entries into the stream's state (docs/design.md §3)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Checkpoint-aligned retention (DESIGN §7): reclaim what no retained checkpoint needs, then
-garbage-collect files, old log entries and snapshots after a grace period."""
+"""Checkpoint-aligned retention (docs/design.md §7): reclaim what no retained checkpoint
+needs, then garbage-collect files, old log entries and snapshots after a grace period."""
 
 from __future__ import annotations
 
@@ -10,11 +10,26 @@ from dataclasses import dataclass
 from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.failpoints import failpoint
 from lakestream.inventory import unreferenced
-from lakestream.log import LOG_DIR, Entry, FragmentRef, Reclaim, log_key
+from lakestream.log import (
+    LOG_DIR,
+    Entry,
+    FragmentRef,
+    Reclaim,
+    is_delta_checkpoint_key,
+    log_key,
+    log_version,
+)
 from lakestream.progress import PROGRESS_DIR
 from lakestream.replay import ReplayState
-from lakestream.snapshot import INDEX_DIR, SNAPSHOT_DIR, read_entry, snapshot_key, snapshot_segments
-from lakestream.store.base import ObjectStore
+from lakestream.snapshot import (
+    INDEX_DIR,
+    SNAPSHOT_DIR,
+    snapshot_key,
+    snapshot_segments,
+    snapshot_version,
+)
+from lakestream.store.base import ObjectMeta, ObjectStore
+from lakestream.tail import read_entry
 
 CLOCK_KEY = "_lakestream/_clock"
 
@@ -84,6 +99,7 @@ class GcReport:
     data_files: int = 0
     data_bytes: int = 0
     log_entries: int = 0
+    delta_checkpoints: int = 0
     snapshots: int = 0
     index_segments: int = 0
     temp_files: int = 0
@@ -181,8 +197,21 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
                 keep_from = min(keep_from, v)  # a recent reclaim: readers may still use it
         except NotFoundError:
             continue
-    entries = [m for m in store.list(LOG_DIR) if m.key.endswith(".json")
-               and _version(m.key) < keep_from]
+    entries: list[ObjectMeta] = []
+    checkpoints: list[ObjectMeta] = []
+    for meta in store.list(LOG_DIR):
+        checkpoint = is_delta_checkpoint_key(meta.key)
+        if checkpoint is not None:
+            # Delta readers start from _last_checkpoint, which names one at or after
+            # keep_from: older checkpoints only pile up (one per gc).
+            if checkpoint < keep_from:
+                checkpoints.append(meta)
+            continue
+        try:
+            if log_version(meta.key) < keep_from:
+                entries.append(meta)
+        except ValueError:
+            continue  # _last_checkpoint and whatever else other engines keep there
     show = _progress("gc log")
     for i, meta in enumerate(entries, 1):
         if meta.last_modified > cutoff:
@@ -191,9 +220,13 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
         store.delete(meta.key)
         report.log_entries += 1
         show(i, len(entries))
+    for meta in checkpoints:
+        if meta.last_modified <= cutoff:
+            store.delete(meta.key)
+            report.delta_checkpoints += 1
     for meta in store.list(SNAPSHOT_DIR):
         try:
-            v = _version(meta.key)
+            v = snapshot_version(meta.key)
         except ValueError:
             continue
         if v < keep_from and meta.last_modified <= cutoff:
@@ -208,7 +241,7 @@ def _sweep_index(store: ObjectStore, cutoff: float, report: GcReport) -> None:
     named: set[str] = set()
     for meta in store.list(SNAPSHOT_DIR):
         try:
-            named.update(snapshot_segments(store, _version(meta.key)))
+            named.update(snapshot_segments(store, snapshot_version(meta.key)))
         except (ValueError, NotFoundError):
             continue
         except CorruptLogError:
@@ -218,6 +251,3 @@ def _sweep_index(store: ObjectStore, cutoff: float, report: GcReport) -> None:
             store.delete(meta.key)
             report.index_segments += 1
 
-
-def _version(key: str) -> int:
-    return int(key.rsplit("/", 1)[1].split(".")[0])

@@ -1,4 +1,5 @@
-"""Snapshots of the replay state, and opening a stream in O(1) requests in log length (§4).
+"""Snapshots of the replay state, and opening a stream in a number of requests that does not
+grow with the log (docs/design.md §4).
 
 A snapshot is a small JSON manifest (the producers, markers and counters, and a CRC-32) that
 names the index segments holding its live fragments. Segments are immutable Parquet files
@@ -17,28 +18,30 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import threading
-import time
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError, StoreError
+from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
 from lakestream.failpoints import failpoint
-from lakestream.log import Entry, FragmentRef, StreamMeta, decode_entry, log_key
+from lakestream.log import FragmentRef, StreamMeta, log_key
 from lakestream.replay import Fragment, Marker, ProducerState, ReplayState
 from lakestream.store.base import ObjectStore
+from lakestream.tail import read_tail
+from lakestream.threads import shared_pool
 
 SNAPSHOT_DIR = "_lakestream/snapshots/"
 INDEX_DIR = "_lakestream/index/"
 HINT_KEY = "_lakestream/_last_snapshot"
 SNAPSHOT_FORMAT = 2
 _CRC_LINE = b"\ncrc32:"
+# What decoding stored bytes can raise when they are damaged (pyarrow raises a bare OSError
+# for a torn Parquet footer). Decoding touches no store, so none of these is an outage;
+# store failures (StoreError) and bugs (AttributeError, ...) are never caught as corruption.
+_PARSE_ERRORS = (ValueError, KeyError, TypeError, IndexError, OSError, pa.ArrowException)
 _FRAGMENTS = pa.schema([
     ("offset", pa.int64()), ("rows", pa.int64()), ("path", pa.string()),
     ("size", pa.int64()), ("version", pa.int64()), ("crc32", pa.int64()),
@@ -101,18 +104,6 @@ def _decode_segment(key: str, data: bytes, lo: int, hi: int, rows: int) -> list[
     return fragments
 
 
-def encode_snapshot(state: ReplayState) -> tuple[bytes, dict[str, bytes]]:
-    """The snapshot of ``state``: its manifest and every segment it names, as bytes.
-    Deterministic for a given state."""
-    segments: dict[str, bytes] = {}
-    named = []
-    for key, lo, hi in _segment_keys(state):
-        fragments = state.fragments_committed_between(lo, hi)
-        segments[key] = _encode_segment(fragments)
-        named.append([key, lo, hi, len(fragments), zlib.crc32(segments[key])])
-    return _encode_manifest(state, named), segments
-
-
 def _encode_manifest(state: ReplayState, segments: list[list[object]]) -> bytes:
     info = {
         "format": SNAPSHOT_FORMAT,
@@ -142,27 +133,13 @@ def _read_manifest(data: bytes) -> dict[str, Any]:
     return info
 
 
-_POOL: tuple[int, ThreadPoolExecutor] | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """Threads shared by every open and catch-up, for fetching segments and log entries in
-    parallel (starting threads for each open costs more than a whole local open); made
-    anew in a forked child."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid():
-            _POOL = (os.getpid(), ThreadPoolExecutor(8, thread_name_prefix="lakestream-read"))
-        return _POOL[1]
-
-
 def decode_snapshot(version: int, manifest: bytes, fetch: Callable[[str], bytes]) -> ReplayState:
     """Parses a snapshot from its manifest, reading the segments it names with ``fetch``
     (in parallel when there are several).
 
     Raises:
         CorruptLogError: the manifest or a segment is missing, unreadable or inconsistent.
+        StoreError: the store failed while fetching a segment (an outage, not damage).
     """
     key = snapshot_key(version)
     try:
@@ -182,27 +159,27 @@ def decode_snapshot(version: int, manifest: bytes, fetch: Callable[[str], bytes]
         state.voided = [(int(v), tuple(FragmentRef(*f) for f in fs)) for v, fs in info["voided"]]
         segments = [(str(k), int(lo), int(hi), int(n), int(c))
                     for k, lo, hi, n, c in info["segments"]]
-    except Exception as e:  # noqa: BLE001 - any parse failure of stored bytes is corruption
+    except _PARSE_ERRORS as e:
         raise CorruptLogError(f"snapshot {key} cannot be read: {e}") from None
 
     def load(segment: tuple[str, int, int, int, int]) -> list[Fragment]:
         seg_key, lo, hi, rows, crc = segment
         try:
             data = fetch(seg_key)
-            if zlib.crc32(data) != crc:
-                raise ValueError(f"CRC-32 {zlib.crc32(data)}, the manifest recorded {crc}: "
-                                 "it is damaged")
-            return _decode_segment(seg_key, data, lo, hi, rows)
         except NotFoundError:
             raise CorruptLogError(f"snapshot {key} names {seg_key}, which is missing") from None
-        except CorruptLogError:
-            raise
-        except Exception as e:  # noqa: BLE001 - as above
+        if zlib.crc32(data) != crc:
+            raise CorruptLogError(f"snapshot {key}: segment {seg_key} has CRC-32 "
+                                  f"{zlib.crc32(data)}, the manifest recorded {crc}: it is "
+                                  "damaged")
+        try:
+            return _decode_segment(seg_key, data, lo, hi, rows)
+        except _PARSE_ERRORS as e:
             raise CorruptLogError(f"snapshot {key}: segment {seg_key} cannot be read: {e}") \
                 from None
 
     if len(segments) > 1:
-        parts = list(_pool().map(load, segments))
+        parts = list(shared_pool().map(load, segments))
     else:
         parts = [load(s) for s in segments]
     fragments = [f for part in parts for f in part]
@@ -250,7 +227,7 @@ def _earlier_segments(store: ObjectStore, state: ReplayState) -> dict[str, tuple
     try:
         info = _read_manifest(store.get(snapshot_key(previous)))
         return {str(k): (int(n), int(c)) for k, _lo, _hi, n, c in info["segments"]}
-    except (NotFoundError, StoreError, ValueError, KeyError, TypeError):
+    except (NotFoundError, *_PARSE_ERRORS):
         return {}  # missing or damaged: it only costs re-encoding its blocks
 
 
@@ -260,61 +237,14 @@ def snapshot_segments(store: ObjectStore, version: int) -> list[str]:
     Raises:
         NotFoundError: there is no such snapshot.
         CorruptLogError: its manifest cannot be read.
+        StoreError: the store failed.
     """
+    data = store.get(snapshot_key(version))
     try:
-        info = _read_manifest(store.get(snapshot_key(version)))
+        info = _read_manifest(data)
         return [str(s[0]) for s in info["segments"]]
-    except NotFoundError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any parse failure of stored bytes is corruption
+    except _PARSE_ERRORS as e:
         raise CorruptLogError(f"snapshot {snapshot_key(version)} cannot be read: {e}") from None
-
-
-def read_entry(store: ObjectStore, version: int) -> Entry:
-    """Reads and parses log version ``version``.
-
-    Raises:
-        NotFoundError: the version does not exist (yet).
-        CorruptLogError: it exists but cannot be parsed.
-    """
-    return decode_entry(version, store.get(log_key(version)))
-
-
-TAIL_WIDTH = 16
-SLOW_ROUND_S = 0.002
-
-
-def read_tail(store: ObjectStore, state: ReplayState) -> ReplayState:
-    """Folds every entry after ``state.version`` into ``state``, until one is absent.
-
-    At the head this is one GET that finds nothing. Behind it, while reads wait on the
-    store (a round takes over ``SLOW_ROUND_S``), each round reads twice as many entries at
-    once as the last, up to ``TAIL_WIDTH``: read one at a time, a reader far behind could
-    not reach a head that others move on as fast as it reads (a producer spent 9 s in one
-    commit that way). Reads that are fast (a local disk) stay one at a time, where handing
-    them to threads would cost more than the reads.
-    """
-    width = 1
-    while True:
-        first, t0 = state.version + 1, time.monotonic()
-        if width == 1:
-            entries = [_entry_or_none(store, first)]
-        else:
-            entries = list(_pool().map(lambda v: _entry_or_none(store, v),
-                                       range(first, first + width)))
-        for offset, entry in enumerate(entries):
-            if entry is None:
-                return state
-            state.apply(first + offset, entry)
-        if time.monotonic() - t0 > SLOW_ROUND_S:
-            width = min(2 * width, TAIL_WIDTH)
-
-
-def _entry_or_none(store: ObjectStore, version: int) -> Entry | None:
-    try:
-        return read_entry(store, version)
-    except NotFoundError:
-        return None
 
 
 def _exists(store: ObjectStore, key: str) -> bool:
@@ -325,7 +255,8 @@ def _exists(store: ObjectStore, key: str) -> bool:
         return False
 
 
-def _read_hint(store: ObjectStore) -> int | None:
+def read_hint(store: ObjectStore) -> int | None:
+    """The version the hint names, or None if it is missing, torn or foreign."""
     try:
         v = json.loads(store.get(HINT_KEY))["version"]
         return int(v) if isinstance(v, int) and v >= 0 else None
@@ -373,7 +304,7 @@ def load_state(store: ObjectStore, uri: str) -> ReplayState:
 
 
 def _newest_snapshot(store: ObjectStore, errors: list[str]) -> ReplayState | None:
-    start = _read_hint(store)
+    start = read_hint(store)
     if start is None and _exists(store, snapshot_key(0)):
         start = 0
     if start is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lakestream.errors import AlreadyExistsError, CommitStateUnknownError, StepNotAvailableError
+from lakestream.errors import AlreadyExistsError, StepNotAvailableError
 from lakestream.fragment import FragmentReader, encode_fragment, fragment_key
 from lakestream.log import (
     Append,
@@ -21,6 +21,7 @@ from lakestream.log import (
     log_key,
 )
 from lakestream.plan import check_world, plan_rows, slice_offsets
+from lakestream.progress import check_group
 from lakestream.replay import Fragment, Marker, ReplayState
 from lakestream.retention import (
     GcReport,
@@ -31,9 +32,19 @@ from lakestream.retention import (
     retention_point,
 )
 from lakestream.schema import conform, validate_schema
-from lakestream.snapshot import load_state, read_tail, write_snapshot
+from lakestream.snapshot import load_state, write_snapshot
 from lakestream.store import ObjectStore, open_store
-from lakestream.transaction import Build, CommitOptions, CommitResult, commit
+from lakestream.tail import entry_or_none, read_tail
+from lakestream.transaction import (
+    DEFAULT_POST_COMMIT,
+    Build,
+    CommitOptions,
+    CommitResult,
+    Outcome,
+    PostCommit,
+    Transaction,
+    unwrap,
+)
 
 ANONYMOUS = "_append"
 """The data folder of ``Stream.append`` (plain appends belong to no producer)."""
@@ -45,15 +56,19 @@ class Stream:
     Guarantees: every handle derives the same offsets and steps from the same log (replay
     is deterministic); a step is visible to all readers once committed offsets reach its
     end; commits are atomic (an entry is put-if-absent as one object).
+
+    The handle's view is an immutable replay state that refreshes and commits replace,
+    newest version wins, under a lock held only for the swap: no call on a handle waits
+    behind another's I/O, backoff or sleep.
     """
 
-    def __init__(self, uri: str, store: ObjectStore, state: ReplayState,
+    def __init__(self, uri: str, store: ObjectStore, state: ReplayState, *,
                  storage_options: dict[str, str] | None = None) -> None:
         self.uri = uri
         self.store = store
         self.storage_options = storage_options
         self._state = state
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._reader = FragmentReader(store)
 
     # -- opening -----------------------------------------------------------------------
@@ -81,30 +96,48 @@ class Stream:
         state = ReplayState()
         state.apply(0, entry)
         write_snapshot(store, state)
-        return cls(uri, store, state, storage_options)
+        return cls(uri, store, state, storage_options=storage_options)
 
     @classmethod
-    def open(cls, uri: str, storage_options: dict[str, str] | None = None) -> Stream:
-        """Opens the stream at ``uri``; costs O(1) store requests in the log's length.
+    def open(cls, uri: str, *, storage_options: dict[str, str] | None = None) -> Stream:
+        """Opens the stream at ``uri``.
+
+        Costs a number of requests that does not grow with the log's length (the hint, the
+        newest snapshot's manifest and its ~log2(n) index segments, then the entries after
+        it), but time and memory that grow with the number of live fragments, which are
+        all held in memory.
 
         Raises:
             NotFoundError: no stream exists there.
             CorruptLogError: the log cannot be replayed.
+            StoreError: the store failed.
         """
         store = open_store(uri, storage_options)
-        return cls(uri, store, load_state(store, uri), storage_options)
+        return cls(uri, store, load_state(store, uri), storage_options=storage_options)
+
+    def _publish(self, state: ReplayState) -> None:
+        with self._lock:
+            if state.version > self._state.version:
+                self._state = state
 
     def refresh(self) -> int:
-        """Reads entries committed since the last look; returns the version now seen."""
-        with self._lock:
-            read_tail(self.store, self._state)
-            return self._state.version
+        """Reads entries committed since the last look; returns the version now seen.
+
+        At the head this is one request that finds nothing, and the view is not copied.
+        """
+        seen = self._state
+        entry = entry_or_none(self.store, seen.version + 1)
+        if entry is not None:
+            state = seen.copy()
+            state.apply(seen.version + 1, entry)
+            self._publish(read_tail(self.store, state))
+        return self._state.version
 
     # -- what the stream holds -----------------------------------------------------------
 
     @property
     def state(self) -> ReplayState:
-        """The replay state (read-only by convention; copy it to experiment)."""
+        """The replay state seen now. Never modified once published: copy it to experiment."""
         return self._state
 
     @property
@@ -138,32 +171,52 @@ class Stream:
     @property
     def producers(self) -> dict[str, tuple[int, int, Any]]:
         """``{producer_id: (epoch, seq, state)}``: the last committed seq and user state."""
-        with self._lock:
-            return {k: (p.epoch, p.seq, p.state) for k, p in self._state.producers.items()}
+        return {k: (p.epoch, p.seq, p.state) for k, p in self._state.producers.items()}
 
     def checkpoints(self, group: str) -> list[Marker]:
         """The checkpoint markers of ``group``, oldest first."""
-        with self._lock:
-            return list(self._state.markers.get(group, []))
+        return list(self._state.markers.get(group, []))
 
     # -- writing ---------------------------------------------------------------------------
 
+    def transact(self, build: Build, options: CommitOptions | None = None, *,
+                 catch_up: bool = False,
+                 post_commit: tuple[PostCommit, ...] = DEFAULT_POST_COMMIT) -> Outcome:
+        """Runs one ``Transaction`` on this handle's view and publishes the state it ends
+        with, whatever the outcome; returns the outcome for the caller to branch on.
+
+        Raises:
+            Only what is not an outcome (a bug in ``build``, KeyboardInterrupt): the entry
+            may or may not have landed.
+        """
+        outcome = Transaction(self.store, self._state, build, options, catch_up=catch_up,
+                              post_commit=post_commit).commit()
+        self._publish(outcome.state)
+        return outcome
+
     def commit(self, build: Build, options: CommitOptions | None = None, *,
                catch_up: bool = False) -> CommitResult | None:
-        """Runs the commit loop on this handle's state (see ``transaction.commit``)."""
-        with self._lock:
-            return commit(self.store, self._state, build, options, catch_up=catch_up)
+        """Commits the entry ``build`` makes (see ``transact``); None if there was nothing.
 
-    def append(self, data: Any) -> int:
+        Raises:
+            The precondition's error from ``build`` (e.g. ProducerFencedError),
+            CommitConflictError or CommitStateUnknownError.
+        """
+        return unwrap(self.transact(build, options, catch_up=catch_up))
+
+    def append(self, data: Any, *, commit_options: CommitOptions | None = None) -> int:
         """Writes ``data`` as one fragment and commits it; returns the version.
 
         Atomic: all rows get consecutive offsets, or none is committed.
 
+        The uploaded file is deleted only when nothing was committed for certain; after an
+        unknown outcome or an interruption it stays (gc removes it if it is an orphan).
+
         Raises:
             SchemaMismatchError: ``data`` does not fit the schema (nothing is uploaded).
             ValueError: the row count is not a multiple of the group size, or is zero.
-            CommitConflictError, CommitStateUnknownError: the commit did not land, or may not
-                have.
+            CommitConflictError: the commit lost every race (nothing was committed).
+            CommitStateUnknownError: the commit may have landed; reopen to learn it.
         """
         table = conform(data, self.schema, where=f"append to {self.uri}")
         rows, g = table.num_rows, self.group_size
@@ -181,13 +234,10 @@ class Stream:
             ref = FragmentRef(key, rows, len(body), state.next_offset, 0, crc)
             return Append(None, 0, (ref,), None, commit_id)
 
-        try:
-            result = self.commit(build)
-        except CommitStateUnknownError:
-            raise
-        except BaseException:
-            self.store.delete(key)  # a definite failure: the file is an orphan now
-            raise
+        outcome = self.transact(build, commit_options)
+        if outcome.definite_failure:
+            self.store.delete(key)  # a definite failure: nothing can name the file
+        result = unwrap(outcome)
         assert result is not None
         return result.version
 
@@ -195,12 +245,17 @@ class Stream:
         """Records that ``group`` has a durable checkpoint resuming at ``step``; returns the
         version. Call it after the training checkpoint is saved.
 
+        The marker is committed only on a state whose reclaimed offset is at or below the
+        step's data: a ``retain`` that lands first makes it fail, never leaves a marker
+        pointing at reclaimed data.
+
         Raises:
-            ValueError: ``group`` is empty or ``step`` is negative or past the visible steps.
+            ValueError: ``group`` is not a valid group name, or ``step`` is negative or past
+                the visible steps.
+            StepNotAvailableError: the step's data is already reclaimed (nothing committed).
         """
-        if not isinstance(group, str) or not group:
-            raise ValueError(f"group must be a non-empty string, got {group!r}")
-        if not isinstance(step, int) or step < 0:
+        check_group(group)
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if step > self.num_steps:
             self.refresh()
@@ -209,12 +264,18 @@ class Stream:
                 f"checkpoint step {step} of group {group!r} is past the {self.num_steps} steps "
                 f"visible in {self.uri}; a checkpoint resumes at a step already readable"
             )
-        if step * self.global_batch_size < self._state.reclaimed_below:
-            raise StepNotAvailableError(
-                f"checkpoint step {step} of group {group!r} is below the retention point of "
-                f"{self.uri} (offset {self._state.reclaimed_below}): its data is reclaimed"
-            )
-        result = self.commit(lambda _s, cid: Checkpoint(group, step, checkpoint_id, cid))
+        b = self.global_batch_size
+
+        def build(state: ReplayState, commit_id: str) -> Entry:
+            if step * b < state.reclaimed_below:
+                raise StepNotAvailableError(
+                    f"checkpoint step {step} of group {group!r} is below the retention point "
+                    f"of {self.uri} (offset {state.reclaimed_below} at version "
+                    f"{state.version}): its data is reclaimed; checkpoint a later step"
+                )
+            return Checkpoint(group, step, checkpoint_id, commit_id)
+
+        result = self.commit(build)
         assert result is not None
         return result.version
 
@@ -222,8 +283,7 @@ class Stream:
 
     def retention_point(self, keep_last: int = 2) -> RetentionPoint:
         """What ``retain(keep_last)`` would reclaim now."""
-        with self._lock:
-            return retention_point(self._state, keep_last, groups_with_progress(self.store))
+        return retention_point(self._state, keep_last, groups_with_progress(self.store))
 
     def retain(self, keep_last: int = 2) -> int | None:
         """Reclaims data no retained checkpoint needs: for every consumer group keep its last
@@ -249,9 +309,7 @@ class Stream:
         """
         self.refresh()
         version = self._write_delta_checkpoint() if delta_checkpoint else None
-        with self._lock:
-            state = self._state.copy()
-        return collect(self.store, state, grace_seconds, version)
+        return collect(self.store, self._state, grace_seconds, version)
 
     def _write_delta_checkpoint(self) -> int | None:
         try:
@@ -278,10 +336,9 @@ class Stream:
         b = self.global_batch_size
         check_world(b, self.group_size, world_size)
         span = slice_offsets(step, b, rank, world_size)
-        with self._lock:
-            if span.stop > self._state.next_offset:
-                read_tail(self.store, self._state)
-            fragments = self._visible(step, span.start, span.stop)
+        if span.stop > self._state.next_offset:
+            self.refresh()
+        fragments = self._visible(self._state, step, span.start, span.stop)
         if columns is not None:
             unknown = [c for c in columns if c not in self.schema.names]
             if unknown:
@@ -295,8 +352,7 @@ class Stream:
             [self.schema.field(c) for c in columns])
         return pa.concat_tables(parts) if parts else schema.empty_table()
 
-    def _visible(self, step: int, lo: int, hi: int) -> list[Fragment]:
-        s = self._state
+    def _visible(self, s: ReplayState, step: int, lo: int, hi: int) -> list[Fragment]:
         b = self.global_batch_size
         if lo < s.reclaimed_below:
             raise StepNotAvailableError(
@@ -311,8 +367,8 @@ class Stream:
         return s.fragments_between(lo, hi)
 
 
-def create(uri: str, schema: pa.Schema, global_batch_size: int, group_size: int = 1,
-           storage_options: dict[str, str] | None = None, *,
+def create(uri: str, schema: pa.Schema, global_batch_size: int, group_size: int = 1, *,
+           storage_options: dict[str, str] | None = None,
            snapshot_interval: int = 100) -> Stream:
     """Creates a stream; see ``Stream.create``."""
     return Stream.create(uri, schema, global_batch_size=global_batch_size,
@@ -320,7 +376,7 @@ def create(uri: str, schema: pa.Schema, global_batch_size: int, group_size: int 
                          storage_options=storage_options)
 
 
-def open(uri: str, storage_options: dict[str, str] | None = None) -> Stream:  # noqa: A001
+def open(uri: str, *, storage_options: dict[str, str] | None = None) -> Stream:  # noqa: A001
     """Opens a stream; see ``Stream.open``."""
-    return Stream.open(uri, storage_options)
+    return Stream.open(uri, storage_options=storage_options)
 

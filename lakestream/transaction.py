@@ -1,28 +1,48 @@
-"""The commit loop, written once: put-if-absent at the next version, fold the winners of lost
-races, recognise our own commit after an ambiguous outcome (DESIGN §3, §5)."""
+"""The commit as a transaction: an entry built on a private copy of the replay state, put
+at the next version with put-if-absent, and a typed outcome that cleanup branches on.
+
+The loop is written once: put at v+1; on a 412 read the winner — our own commit id means an
+earlier attempt had landed (a retried PUT whose reply was lost), anything else is folded in
+and the entry is built again on the new state, so its preconditions are checked on exactly
+the state it commits on. Bounded attempts, jittered backoff, a deadline. Work after landing
+(the periodic snapshot) is declared, runs after the outcome is known, and can never turn a
+landed commit into an error.
+"""
 
 from __future__ import annotations
 
+import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lakestream.errors import (
     AlreadyExistsError,
     CommitConflictError,
     CommitStateUnknownError,
+    CorruptLogError,
+    LakestreamError,
     NotFoundError,
     StoreError,
 )
 from lakestream.failpoints import failpoint
 from lakestream.log import Entry, encode_entry, log_key, new_commit_id
 from lakestream.replay import ReplayState
-from lakestream.snapshot import read_entry, read_tail, write_snapshot
+from lakestream.snapshot import write_snapshot
 from lakestream.store.base import ObjectStore
+from lakestream.tail import read_entry, read_tail
+
+log = logging.getLogger("lakestream")
 
 Build = Callable[[ReplayState, str], "Entry | None"]
-"""Makes the entry to commit on top of a state, with the given commit id; None = nothing to do."""
+"""Makes the entry to commit on top of a state, with the given commit id; None = nothing to do.
+It checks the commit's preconditions on that state and raises a ``LakestreamError`` (e.g.
+``ProducerFencedError``, ``StepNotAvailableError``) when one fails: the commit is then
+rejected, definitely, with nothing committed."""
+
+PostCommit = Callable[[ObjectStore, ReplayState], None]
+"""Work after a commit landed, given the state after it. Failures are logged, never raised."""
 
 
 @dataclass(frozen=True)
@@ -53,96 +73,217 @@ class CommitResult:
     """The landing attempt alone, from the state it was built on to the put: how long the
     commit was exposed to a race. Catching up is excluded: it grows with how long the
     caller waited, not with contention."""
+    post_commit_errors: int = 0
+    """Post-commit steps that failed (logged; the commit itself landed)."""
 
 
-def _backoff(options: CommitOptions, n: int) -> None:
-    cap = min(options.backoff_cap_s, options.backoff_base_s * 2 ** min(n, 20))
-    time.sleep(random.uniform(0, cap))
+# -- outcomes -------------------------------------------------------------------------------
 
 
-def commit(store: ObjectStore, state: ReplayState, build: Build,
-           options: CommitOptions | None = None, *, catch_up: bool = False) -> CommitResult | None:
-    """Commits the entry ``build`` makes at the next version, advancing ``state`` in place.
+@dataclass(frozen=True)
+class Landed:
+    """The entry is in the log at ``result.version``."""
 
-    On a lost race the winner is folded into ``state`` (so ``build`` sees it) and the commit
-    retries at the next version. After a 412 or an ambiguous failure the entry at our
-    version is read: if it carries our commit id, the commit had landed. ``catch_up`` reads
-    the entries others committed before the first attempt: cheaper than a failed put when
-    the caller expects the head to have moved (it waited, or it lost its last race).
+    result: CommitResult
+    state: ReplayState
+    definite_failure = False
 
-    Returns:
-        The result, or None if ``build`` found nothing to commit.
+
+@dataclass(frozen=True)
+class Nothing:
+    """``build`` found nothing to commit (e.g. every fragment was already committed — maybe
+    by an earlier commit of the same files, so this is no licence to delete them)."""
+
+    state: ReplayState
+    definite_failure = False
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A precondition failed on the state the entry would have been committed on, or the
+    log cannot be replayed up to the version it would take (a corrupt entry there).
+    Definite: nothing was committed."""
+
+    error: LakestreamError
+    state: ReplayState
+    definite_failure = True
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """Every attempt lost a race, until the attempts or the deadline ran out. Definite:
+    nothing was committed."""
+
+    error: CommitConflictError
+    state: ReplayState
+    definite_failure = True
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """The store failed and the entry may or may not be in the log: files it references
+    must not be deleted; reopening the stream tells."""
+
+    error: CommitStateUnknownError
+    state: ReplayState
+    definite_failure = False
+
+
+Outcome = Landed | Nothing | Rejected | Exhausted | Unknown
+"""``definite_failure`` is True only for Rejected and Exhausted: the entry is not in the log
+and never will be, so the files only it references may be deleted. Nothing else allows it."""
+
+
+def unwrap(outcome: Outcome) -> CommitResult | None:
+    """The result of a landed commit, None if there was nothing to commit.
 
     Raises:
-        CommitConflictError: every attempt lost a race (definite: nothing was committed).
-        CommitStateUnknownError: the store failed and the outcome is unknown (the files the
-            entry references must not be deleted).
-        Whatever ``build`` raises (e.g. ProducerFencedError), with ``state`` caught up.
+        The outcome's error: the precondition's (e.g. ProducerFencedError),
+        CommitConflictError or CommitStateUnknownError.
     """
-    options = options or CommitOptions()
-    commit_id = new_commit_id()
-    t0 = time.monotonic()
-    deadline = t0 + options.deadline_s
-    conflicts = failures = 0
-    unknown = False
-    if catch_up:
-        read_tail(store, state)
-    for attempt in range(1, options.max_attempts + 1):
-        t_attempt = time.monotonic()
-        entry = build(state, commit_id)
-        if entry is None:
-            return None
-        version = state.version + 1
-        failpoint("before_commit")
-        try:
-            store.put(log_key(version), encode_entry(entry), mode="create")
-        except AlreadyExistsError:
-            pass  # lost the race, or our own earlier attempt landed: read the winner
-        except StoreError:
-            unknown = True
-        else:
-            return _landed(store, state, version, entry, attempt, conflicts, t0, t_attempt)
-        try:
-            winner = read_entry(store, version)
-        except NotFoundError:
-            winner = None  # our write did not land; retrying at the same version is safe
-        except StoreError:
-            winner, unknown = None, True
-        if winner is not None and winner.commit_id == commit_id:
-            return _landed(store, state, version, winner, attempt, conflicts, t0, t_attempt)
-        if winner is not None:
-            conflicts += 1
-            state.apply(version, winner)
-            unknown = False
-            # Back off first, then catch up: after sleeping, the head has moved again, and a
-            # put built on the view from before the sleep would lose for certain.
-            _backoff(options, conflicts)
-            read_tail(store, state)
-        else:
-            failures += 1
-            _backoff(options, failures)
-        if time.monotonic() > deadline:
-            break
-    if unknown:
-        raise CommitStateUnknownError(
-            f"commit {commit_id} to {store.uri} at version {state.version + 1}: the store "
-            "failed and the outcome is unknown; reopen the stream to learn it"
-        )
-    raise CommitConflictError(
-        f"commit {commit_id} to {store.uri} lost {conflicts} races and failed {failures} times "
-        f"in {time.monotonic() - t0:.1f}s; nothing was committed"
-    )
+    if isinstance(outcome, Landed):
+        return outcome.result
+    if isinstance(outcome, Nothing):
+        return None
+    raise outcome.error
 
 
-def _landed(store: ObjectStore, state: ReplayState, version: int, entry: Entry, attempts: int,
-            conflicts: int, t0: float, t_attempt: float) -> CommitResult:
-    window = time.monotonic() - t_attempt
-    state.apply(version, entry)
-    failpoint("after_commit")
-    meta = state.stream_meta
-    if version % meta.snapshot_interval == 0:
+def snapshot_when_due(store: ObjectStore, state: ReplayState) -> None:
+    """Writes the snapshot after ``state.version`` if the version is on the interval."""
+    if state.version % state.stream_meta.snapshot_interval == 0:
+        write_snapshot(store, state)
+
+
+DEFAULT_POST_COMMIT: tuple[PostCommit, ...] = (snapshot_when_due,)
+
+
+# -- the transaction ---------------------------------------------------------------------
+
+
+class Transaction:
+    """One commit: ``build`` made into an entry and put at the next version.
+
+    Built on a private copy of ``base`` (the caller's state is never touched); the state
+    after the outcome, caught up with every entry it read, comes back in the outcome for
+    the caller to publish. ``catch_up`` reads the entries others committed before the first
+    attempt: cheaper than a failed put when the caller expects the head to have moved.
+    """
+
+    def __init__(self, store: ObjectStore, base: ReplayState, build: Build,
+                 options: CommitOptions | None = None, *, catch_up: bool = False,
+                 post_commit: Sequence[PostCommit] = DEFAULT_POST_COMMIT) -> None:
+        self.store = store
+        self.state = base.copy()
+        self.build = build
+        self.options = options or CommitOptions()
+        self.catch_up = catch_up
+        self.post_commit = tuple(post_commit)
+        self.commit_id = new_commit_id()
+
+    def commit(self) -> Outcome:
+        """Runs the commit loop once; returns its outcome.
+
+        Raises:
+            Whatever is not an outcome: a bug in ``build``, or ``KeyboardInterrupt`` with a
+            put in flight. Neither says whether the entry landed, so neither allows cleanup.
+        """
+        o, state, store = self.options, self.state, self.store
+        t0 = time.monotonic()
+        deadline = t0 + o.deadline_s
+        conflicts = failures = attempt = 0
+        unknown = False
         try:
-            write_snapshot(store, state)
+            if self.catch_up:
+                read_tail(store, state)
         except StoreError:
-            pass  # a snapshot only speeds up opening; the next interval writes another
-    return CommitResult(version, entry, attempts, conflicts, time.monotonic() - t0, window)
+            pass  # only an optimisation: the put finds out
+        except CorruptLogError as e:
+            return Rejected(e, state)
+        while attempt < o.max_attempts:
+            attempt += 1
+            t_attempt = time.monotonic()
+            try:
+                entry = self.build(state, self.commit_id)
+            except LakestreamError as e:
+                if unknown:
+                    return self._unknown(e)
+                return Rejected(e, state)
+            if entry is None:
+                return Nothing(state)
+            version = state.version + 1
+            failpoint("before_commit")
+            try:
+                store.put(log_key(version), encode_entry(entry), mode="create")
+            except AlreadyExistsError:
+                pass  # lost the race, or an earlier attempt of ours landed: read the winner
+            except StoreError:
+                unknown = True
+            else:
+                failpoint("after_put")
+                return self._landed(version, entry, attempt, conflicts, t0, t_attempt)
+            try:
+                winner = read_entry(store, version)
+            except NotFoundError:
+                winner = None  # our write did not land; retrying at the same version is safe
+            except StoreError:
+                winner, unknown = None, True
+            except CorruptLogError as e:
+                # Something that is not our entry holds the version, and nothing can be
+                # committed after it until it is repaired.
+                return self._unknown(e) if unknown else Rejected(e, state)
+            if winner is not None and winner.commit_id == self.commit_id:
+                return self._landed(version, winner, attempt, conflicts, t0, t_attempt)
+            if winner is not None:
+                conflicts += 1
+                state.apply(version, winner)
+                unknown = False  # the version we tried is taken by another: ours is not there
+                # Back off first, then catch up: after sleeping the head has moved again,
+                # and a put built on the view from before the sleep would lose for certain.
+                self._backoff(conflicts)
+                try:
+                    read_tail(store, state)
+                except StoreError:
+                    failures += 1
+                except CorruptLogError as e:
+                    return Rejected(e, state)
+            else:
+                failures += 1
+                self._backoff(failures)
+            if time.monotonic() > deadline:
+                break
+        if unknown:
+            return self._unknown(None)
+        return Exhausted(CommitConflictError(
+            f"commit {self.commit_id} to {store.uri} lost {conflicts} races and failed "
+            f"{failures} times in {attempt} attempts and {time.monotonic() - t0:.1f}s; "
+            "nothing was committed"), state)
+
+    def _unknown(self, cause: LakestreamError | None) -> Unknown:
+        error = CommitStateUnknownError(
+            f"commit {self.commit_id} to {self.store.uri} at version {self.state.version + 1}: "
+            "the store failed and the outcome is unknown; reopen the stream to learn it")
+        error.__cause__ = cause
+        return Unknown(error, self.state)
+
+    def _backoff(self, n: int) -> None:
+        o = self.options
+        time.sleep(random.uniform(0, min(o.backoff_cap_s, o.backoff_base_s * 2 ** min(n, 20))))
+
+    def _landed(self, version: int, entry: Entry, attempts: int, conflicts: int, t0: float,
+                t_attempt: float) -> Landed:
+        window = time.monotonic() - t_attempt
+        self.state.apply(version, entry)
+        failpoint("after_commit")
+        errors = 0
+        for step in self.post_commit:
+            try:
+                step(self.store, self.state)
+            except Exception:  # noqa: BLE001 - post-commit work must not fail a landed commit
+                errors += 1
+                log.warning("post-commit step %s after version %d of %s failed",
+                            getattr(step, "__name__", step), version, self.store.uri,
+                            exc_info=True)
+        result = CommitResult(version, entry, attempts, conflicts, time.monotonic() - t0,
+                              window, errors)
+        return Landed(result, self.state)
+

@@ -10,14 +10,9 @@ from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.fragment import FragmentReader
 from lakestream.log import log_key
 from lakestream.replay import ReplayState
-from lakestream.snapshot import (
-    SNAPSHOT_DIR,
-    decode_snapshot,
-    read_entry,
-    snapshot_key,
-    snapshot_version,
-)
+from lakestream.snapshot import SNAPSHOT_DIR, decode_snapshot, snapshot_key, snapshot_version
 from lakestream.store.base import ObjectStore
+from lakestream.tail import read_entry
 
 
 @dataclass

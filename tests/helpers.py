@@ -52,3 +52,45 @@ def delta_ids(uri: str, options: dict[str, str] | None) -> list[int]:
 
 def ids(table: Any) -> list[int]:
     return list(table.column("id").to_pylist())
+
+
+class HookedStore:
+    """A store that runs ``hook(op, key, phase)`` around each request of the store it wraps
+    (``phase`` is "before" or "after"), so a test can fail, block or interrupt exactly one
+    request: an outage, a lost reply, a KeyboardInterrupt with a put in flight."""
+
+    def __init__(self, inner: Any, hook: Any) -> None:
+        self.inner = inner
+        self.hook = hook
+
+    @property
+    def uri(self) -> str:
+        return str(self.inner.uri)
+
+    def _call(self, op: str, key: str, *args: Any, **kwargs: Any) -> Any:
+        self.hook(op, key, "before")
+        out = getattr(self.inner, op)(key, *args, **kwargs)
+        self.hook(op, key, "after")
+        return out
+
+    def put(self, key: str, data: bytes, *, mode: str = "overwrite") -> None:
+        self._call("put", key, data, mode=mode)
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._call("get", key))
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return bytes(self._call("get_range", key, start, end))
+
+    def head(self, key: str) -> Any:
+        return self._call("head", key)
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key)
+
+    def open_input(self, key: str, size: int | None = None) -> Any:
+        return self._call("open_input", key, size)
+
+    def list(self, prefix: str) -> Any:
+        self.hook("list", prefix, "before")
+        return self.inner.list(prefix)

@@ -1,4 +1,5 @@
-"""Imports point down the layers (DESIGN §9); the core and producers never import torch."""
+"""Imports point down the layers of docs/design.md; the core and producers never import
+torch; nothing imports the log reader from the snapshot module."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Each core module may import only modules of a lower rank.
 RANKS = {
-    "errors": 0, "failpoints": 0,
+    "errors": 0, "failpoints": 0, "threads": 0,
     "store": 1, "schema": 1,
     "log": 2, "plan": 2, "progress": 2,
     "replay": 3, "fragment": 3,
-    "snapshot": 4, "inventory": 4,
-    "transaction": 5, "retention": 5, "verify": 5,
-    "stream": 6,
+    "tail": 4, "inventory": 4,
+    "snapshot": 5,
+    "transaction": 6, "retention": 6, "verify": 6,
+    "stream": 7,
     "cli": 8, "__init__": 9,
 }
 
@@ -49,6 +51,17 @@ def test_core_imports_point_down() -> None:
             if me == other or (me, other) in ALLOWED_UPWARD:
                 continue
             assert RANKS[other] < RANKS[me], f"{path} ({me}) imports {name} ({other}): upward"
+
+
+def test_the_log_reader_is_read_from_its_own_module() -> None:
+    """``read_entry``/``read_tail`` live in ``lakestream.tail``; the snapshot module only
+    uses them, and nothing reaches them through it."""
+    for folder in ("lakestream", "producers", "loaders", "tests", "bench", "demo"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module == "lakestream.snapshot":
+                    names = {a.name for a in node.names}
+                    assert not names & {"read_entry", "read_tail"}, path
 
 
 def test_torch_stays_out_of_the_core_and_producers() -> None:

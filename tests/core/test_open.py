@@ -1,5 +1,6 @@
-"""Opening a stream costs O(1) store requests in the log's length (DESIGN §4), plus one
-parallel GET per index segment: at most log2(versions / snapshot_interval) + 1."""
+"""Opening a stream costs a number of store requests that does not grow with the log's
+length (docs/design.md §4), plus one parallel GET per index segment: at most
+log2(versions / snapshot_interval) + 1."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 
 import lakestream
 from lakestream.log import Fence, log_key
-from lakestream.snapshot import HINT_KEY, TAIL_WIDTH, load_state, snapshot_key
+from lakestream.snapshot import HINT_KEY, load_state, snapshot_key
 from lakestream.store import ObjectMeta, ObjectStore, open_store
+from lakestream.tail import TAIL_WIDTH
 from tests.helpers import SCHEMA, ids, rows
 
 

@@ -77,3 +77,19 @@ def test_open_input_reads_ranges(store) -> None:
 def test_unsafe_keys_are_rejected(key: str) -> None:
     with pytest.raises(ValueError):
         check_key(key)
+
+
+def test_a_local_store_takes_fsync_and_refuses_other_options(tmp_path) -> None:
+    import lakestream
+    from tests.helpers import SCHEMA, rows
+
+    assert open_store(str(tmp_path / "a"), {"fsync": "true"}).fsync  # type: ignore[attr-defined]
+    assert not open_store(str(tmp_path / "a"), None).fsync  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="AWS_REGION"):
+        open_store(str(tmp_path / "a"), {"AWS_REGION": "us-east-1"})
+    with pytest.raises(ValueError, match="fsync='maybe'"):
+        open_store(str(tmp_path / "a"), {"fsync": "maybe"})
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4,
+                          storage_options={"fsync": "true"})
+    s.append(rows(0, 4))
+    assert lakestream.open(s.uri, storage_options={"fsync": "true"}).num_samples == 4

@@ -28,7 +28,7 @@ def test_steps_and_rank_slices(backend) -> None:
         assert ids(s.read_step(step)) == list(range(8 * step, 8 * step + 8))
     with pytest.raises(StepNotAvailableError, match="not visible yet"):
         s.read_step(2)
-    reopened = lakestream.open(backend.uri(), backend.options)
+    reopened = lakestream.open(backend.uri(), storage_options=backend.options)
     assert (reopened.version, reopened.num_samples) == (5, 20)
     assert reopened.read_step(0, columns=["reward"]).column_names == ["reward"]
 
@@ -45,7 +45,7 @@ def test_delta_lake_reads_exactly_the_committed_rows(backend) -> None:
 def test_a_handle_sees_other_writers_after_refresh(backend) -> None:
     a = lakestream.create(backend.uri(), SCHEMA, global_batch_size=4,
                           storage_options=backend.options)
-    b = lakestream.open(backend.uri(), backend.options)
+    b = lakestream.open(backend.uri(), storage_options=backend.options)
     b.append(rows(0, 4))
     a.append(rows(4, 4))  # a folds b's commit before its own
     assert a.num_samples == 8 and b.num_samples == 4
@@ -59,7 +59,7 @@ def test_create_twice_and_open_missing_raise(backend) -> None:
         lakestream.create(backend.uri(), SCHEMA, global_batch_size=4,
                           storage_options=backend.options)
     with pytest.raises(NotFoundError, match="no Lakestream stream"):
-        lakestream.open(backend.uri("missing"), backend.options)
+        lakestream.open(backend.uri("missing"), storage_options=backend.options)
 
 
 def test_world_size_must_divide_the_batch_and_keep_groups(tmp_path) -> None:

@@ -17,7 +17,7 @@ import lakestream
 from lakestream.errors import NotFoundError
 from lakestream.failpoints import NAMES
 from lakestream.log import Append, log_key
-from lakestream.snapshot import read_entry
+from lakestream.tail import read_entry
 from tests.conftest import seeds
 from tests.helpers import SCHEMA, ids
 
@@ -42,12 +42,12 @@ def _expected(producers: int, total: int) -> list[int]:
 
 
 def _stream_ids(uri: str, options: dict[str, str] | None) -> list[int]:
-    s = lakestream.open(uri, options)
+    s = lakestream.open(uri, storage_options=options)
     return sorted(i for step in range(s.num_steps) for i in ids(s.read_step(step)))
 
 
 def _gapless(uri: str, options: dict[str, str] | None) -> int:
-    s = lakestream.open(uri, options)
+    s = lakestream.open(uri, storage_options=options)
     for v in range(s.version + 1):
         s.store.head(log_key(v))
     with pytest.raises(NotFoundError):
@@ -72,7 +72,7 @@ def test_killed_at_every_failpoint_then_restarted(backend, point: str, seed: int
              for k, n in enumerate(names)]
     codes = [p.wait(timeout=120) for p in first]
     assert -signal.SIGKILL in codes, f"no producer reached {point}: {codes}"
-    committed = lakestream.open(uri, backend.options).producers
+    committed = lakestream.open(uri, storage_options=backend.options).producers
     for name in names:
         p = _spawn(uri, name, backend.options, None)
         out, err = p.communicate(timeout=120)
@@ -82,7 +82,7 @@ def test_killed_at_every_failpoint_then_restarted(backend, point: str, seed: int
         written = json.loads(out.splitlines()[-1])["fragments"]
         assert written == FRAGMENTS - (state["next"] if state else 0)
     assert _stream_ids(uri, backend.options) == _expected(PRODUCERS, FRAGMENTS)
-    final = lakestream.open(uri, backend.options).producers
+    final = lakestream.open(uri, storage_options=backend.options).producers
     assert all(final[n][2] == {"next": FRAGMENTS} and final[n][1] >= FRAGMENTS - 1
                for n in names)
     _gapless(uri, backend.options)
@@ -113,7 +113,7 @@ def test_a_stopped_zombie_is_fenced_when_it_wakes(backend) -> None:
     uri = backend.uri()
     lakestream.create(uri, SCHEMA, global_batch_size=2, storage_options=backend.options)
     zombie = _spawn(uri, "rollout-0", backend.options, None, total=100_000)
-    s = lakestream.open(uri, backend.options)
+    s = lakestream.open(uri, storage_options=backend.options)
     deadline = time.monotonic() + 60
     while s.producers.get("rollout-0", (0, -1, None))[1] < 5 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -13,7 +13,7 @@ from botocore.httpsession import URLLib3Session
 import lakestream
 from lakestream.log import Append
 from lakestream.producers import Producer
-from lakestream.snapshot import read_entry
+from lakestream.tail import read_entry
 from tests.conftest import BUCKET
 from tests.helpers import SCHEMA, ids, rows
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import lakestream
 from lakestream.errors import NotFoundError
 from lakestream.log import Append, log_key
-from lakestream.snapshot import read_entry
+from lakestream.tail import read_entry
 
 Outcome = Literal["pending", "ok", "failed", "unknown"]
 
@@ -88,7 +88,7 @@ def _stream_ids(stream: lakestream.Stream) -> list[int]:
 
 def check(history: History, uri: str, options: dict[str, str] | None = None) -> Verdict:
     """Checks ``history`` against the stream at ``uri`` (log not yet compacted by gc)."""
-    s = lakestream.open(uri, options)
+    s = lakestream.open(uri, storage_options=options)
     bad: list[str] = []
     # Versions are gapless: every entry from 0 to the head exists and parses.
     producers_seen: dict[str, list[tuple[int, int]]] = {}

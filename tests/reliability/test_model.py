@@ -15,8 +15,9 @@ from lakestream.errors import LakestreamError, StoreError
 from lakestream.log import LOG_DIR
 from lakestream.producers import Producer
 from lakestream.replay import ReplayState
-from lakestream.snapshot import load_state, read_tail, write_snapshot
+from lakestream.snapshot import load_state, write_snapshot
 from lakestream.store import ObjectStore
+from lakestream.tail import read_tail
 from tests.conftest import SOAK
 from tests.helpers import SCHEMA, rows
 

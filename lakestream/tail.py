@@ -1,0 +1,63 @@
+"""The log reader: one entry by version, and the tail of the log folded into a state."""
+
+from __future__ import annotations
+
+import time
+
+from lakestream.errors import NotFoundError
+from lakestream.log import Entry, decode_entry, log_key
+from lakestream.replay import ReplayState
+from lakestream.store.base import ObjectStore
+from lakestream.threads import shared_pool
+
+TAIL_WIDTH = 16
+SLOW_ROUND_S = 0.002
+
+
+def read_entry(store: ObjectStore, version: int) -> Entry:
+    """Reads and parses log version ``version``.
+
+    Raises:
+        NotFoundError: the version does not exist (yet).
+        CorruptLogError: it exists but cannot be parsed.
+        StoreError: the store failed.
+    """
+    return decode_entry(version, store.get(log_key(version)))
+
+
+def entry_or_none(store: ObjectStore, version: int) -> Entry | None:
+    """The entry at ``version``, or None if nobody has committed it yet."""
+    try:
+        return read_entry(store, version)
+    except NotFoundError:
+        return None
+
+
+def read_tail(store: ObjectStore, state: ReplayState) -> ReplayState:
+    """Folds every entry after ``state.version`` into ``state``, until one is absent.
+
+    At the head this is one GET that finds nothing. Behind it, while reads wait on the
+    store (a round takes over ``SLOW_ROUND_S``), each round reads twice as many entries at
+    once as the last, up to ``TAIL_WIDTH``: read one at a time, a reader far behind could
+    not reach a head that others move on as fast as it reads (a producer spent 9 s in one
+    commit that way). Reads that are fast (a local disk) stay one at a time, where handing
+    them to threads would cost more than the reads.
+
+    Raises:
+        CorruptLogError: an entry cannot be parsed or replayed.
+        StoreError: the store failed (``state`` holds what was folded before).
+    """
+    width = 1
+    while True:
+        first, t0 = state.version + 1, time.monotonic()
+        if width == 1:
+            entries = [entry_or_none(store, first)]
+        else:
+            entries = list(shared_pool().map(lambda v: entry_or_none(store, v),
+                                             range(first, first + width)))
+        for offset, entry in enumerate(entries):
+            if entry is None:
+                return state
+            state.apply(first + offset, entry)
+        if time.monotonic() - t0 > SLOW_ROUND_S:
+            width = min(2 * width, TAIL_WIDTH)

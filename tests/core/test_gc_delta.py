@@ -1,0 +1,29 @@
+"""gc keeps the Delta log bounded: old Delta checkpoints go with the entries they cover."""
+
+from __future__ import annotations
+
+import lakestream
+from lakestream.log import LOG_DIR, is_delta_checkpoint_key
+from lakestream.store import LocalStore
+from tests.helpers import SCHEMA, delta_ids, rows
+
+
+def _checkpoints(uri: str) -> list[int]:
+    found = (is_delta_checkpoint_key(m.key) for m in LocalStore(uri).list(LOG_DIR))
+    return sorted(v for v in found if v is not None)
+
+
+def test_gc_deletes_delta_checkpoints_older_than_what_it_keeps(tmp_path) -> None:
+    # Regression: every gc wrote a Delta checkpoint but compaction deleted only .json
+    # entries, so checkpoint files piled up, one per gc, for ever.
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4, snapshot_interval=2)
+    written = 0
+    for _round in range(4):
+        for _ in range(3):
+            s.append(rows(written, 4))
+            written += 4
+        s.gc(grace_seconds=0)
+    assert _checkpoints(uri) == [s.version]  # only the one the last gc wrote
+    assert delta_ids(uri, None) == list(range(written))
+    assert lakestream.open(uri).num_samples == written
