@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from lakestream.errors import LakestreamError
 from lakestream.loaders.collate import Collate, collate_table
 from lakestream.loaders.planning import resolve_rank, worker_steps
+from lakestream.loaders.publisher import ProgressPublisher
 from lakestream.loaders.reader import StepReader
 from lakestream.plan import check_world
 from lakestream.progress import check_group, publish_progress
@@ -51,7 +51,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             (None waits forever). collate: "padded", "packed" or a callable on the table.
         prefetch: steps decoded ahead, in background threads.
         progress_interval_s: how often rank 0 publishes progress (for producers'
-            ``max_lag_steps``); 0 disables it.
+            ``max_lag_steps``), from a background thread that stops when iteration ends or
+            on ``close``; 0 disables it.
         keep_last: if set, each ``commit_checkpoint`` also runs retention keeping the last
             ``keep_last`` markers of every group (off by default).
     """
@@ -59,8 +60,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     def __init__(self, uri: str, group: str = "train", rank: int | None = None,
                  world_size: int | None = None, start_step: int = 0,
                  columns: list[str] | None = None, timeout: float | None = None,
-                 collate: str | Collate = "padded",
-                 storage_options: dict[str, str] | None = None, *,
+                 collate: str | Collate = "padded", *,
+                 storage_options: dict[str, str] | None = None,
                  max_steps: int | None = None, prefetch: int = 4, read_threads: int = 2,
                  progress_interval_s: float = 1.0, keep_last: int | None = None) -> None:
         super().__init__()
@@ -83,7 +84,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.policy_version: int | None = None
         """Set by the trainer; published with progress so producers can stamp samples."""
         self._stream: Stream | None = None
-        self._publisher: threading.Thread | None = None
+        self._publisher: ProgressPublisher | None = None
         self.last_reader: StepReader | None = None
         stream = self.stream
         check_world(stream.global_batch_size, stream.group_size, self.world_size)
@@ -96,7 +97,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     def stream(self) -> Stream:
         """This process's handle on the stream (opened lazily, again in each worker)."""
         if self._stream is None:
-            self._stream = Stream.open(self.uri, self.storage_options)
+            self._stream = Stream.open(self.uri, storage_options=self.storage_options)
         return self._stream
 
     def __getstate__(self) -> dict[str, Any]:
@@ -117,14 +118,18 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                             timeout=self.timeout)
         self.last_reader = reader
         steps = worker_steps(self.start_step, self.max_steps, worker, workers)
-        for step, table in reader.read(steps):
-            item = self.collate(table) if callable(self.collate) else collate_table(
-                table, self.collate)
-            if isinstance(item, dict):
-                item["step"] = step
+        try:
+            for step, table in reader.read(steps):
+                item = self.collate(table) if callable(self.collate) else collate_table(
+                    table, self.collate)
+                if isinstance(item, dict):
+                    item["step"] = step
+                if in_process:
+                    self.record_step(step)
+                yield item
+        finally:
             if in_process:
-                self.record_step(step)
-            yield item
+                self.close()
 
     # -- state ------------------------------------------------------------------------
 
@@ -132,25 +137,26 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """Notes that ``step`` was consumed: the state now resumes at ``step + 1``, and rank 0
         publishes progress (at most every ``progress_interval_s``, and always the latest)."""
         self.start_step = step + 1
-        if self.rank == 0 and self.progress_interval_s > 0 and self._publisher is None:
-            self._publisher = threading.Thread(target=self._publish_loop, daemon=True,
-                                               name="lakestream-progress")
-            self._publisher.start()
+        if self.rank != 0 or self.progress_interval_s <= 0:
+            return
+        if self._publisher is None:
+            store, group = self.stream.store, self.group
+            self._publisher = ProgressPublisher(
+                lambda s, pv: publish_progress(store, group, s, pv), self.progress_interval_s)
+            # A dataset dropped without close() still stops its thread.
+            weakref.finalize(self, self._publisher.stop)
+        self._publisher.update(self.start_step, self.policy_version)
 
-    def _publish_loop(self) -> None:
-        # A background publisher, not a throttle on record_step: a throttle drops the last
-        # update when the trainer consumes a burst of steps and then waits for more, and
-        # producers held by max_lag_steps would wait for that update forever.
-        published = -1
-        while True:
-            step = self.start_step
-            if step != published:
-                try:
-                    self.publish_progress()
-                    published = step
-                except LakestreamError:
-                    pass  # advisory: the next round retries
-            time.sleep(self.progress_interval_s)
+    @property
+    def publish_errors(self) -> int:
+        """Progress publishes that failed (each was retried; see the ``lakestream`` log)."""
+        return self._publisher.errors if self._publisher is not None else 0
+
+    def close(self) -> None:
+        """Publishes the last progress and stops the publisher thread. Iteration ending
+        calls it; the next iteration starts the thread again."""
+        if self._publisher is not None:
+            self._publisher.stop()
 
     def publish_progress(self) -> None:
         """Publishes ``{step, policy_version}`` for the group now (rank 0 only)."""
@@ -209,11 +215,14 @@ class StreamLoader:
         self.loader = torch.utils.data.DataLoader(dataset, num_workers=num_workers, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in self.loader:
-            step = batch["step"] if isinstance(batch, dict) else None
-            if step is not None:
-                self.dataset.record_step(int(step))
-            yield batch
+        try:
+            for batch in self.loader:
+                step = batch["step"] if isinstance(batch, dict) else None
+                if step is not None:
+                    self.dataset.record_step(int(step))
+                yield batch
+        finally:
+            self.dataset.close()
 
     def state_dict(self) -> dict[str, Any]:
         return self.dataset.state_dict()

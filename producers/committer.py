@@ -116,13 +116,9 @@ class Committer(threading.Thread):
                 before = p.stream.version
                 result = p.stream.commit(self._build(batch), self._commit_options,
                                          catch_up=self._adaptive and (wait_s > 0 or contended))
-                s = p.stats
                 if result is not None:
-                    s.commits += 1
-                    s.attempts += result.attempts
-                    s.conflicts += result.conflicts
-                    s.fragments_committed += len(batch)
-                    s.commit_latencies_s.append(result.latency_s)
+                    p.stats.add_commit(result.attempts, result.conflicts, len(batch),
+                                       result.latency_s)
                     contended = result.conflicts > 0
                     others = result.version - before - 1
                     if self._adaptive:

@@ -32,8 +32,6 @@ class ProducerOptions:
     min_interval_s: float = 0.0
     max_interval_s: float = 5.0
     max_fragments_per_commit: int = 10_000
-    progress_group: str = "train"
-    """The consumer group whose progress ``max_lag_steps`` is measured against."""
     progress_poll_s: float = 0.05
     commit: CommitOptions = field(default_factory=CommitOptions)
 

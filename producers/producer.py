@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import threading
 import time
 import zlib
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -27,24 +26,52 @@ from lakestream.replay import ReplayState
 from lakestream.schema import conform, sample_bytes
 from lakestream.stream import Stream
 
+LATENCY_WINDOW = 4096
+"""Commit latencies a producer remembers: the newest, for percentiles; memory stays bounded."""
 
-@dataclass
+
 class ProducerStats:
-    """Counters of one producer instance (since it opened)."""
+    """Counters of one producer instance (since it opened).
 
-    writes: int = 0
-    rows: int = 0
-    bytes_uploaded: int = 0
-    commits: int = 0
-    attempts: int = 0
-    conflicts: int = 0
-    fragments_committed: int = 0
-    commit_latencies_s: list[float] = dataclasses.field(default_factory=list)
-    lag_wait_s: float = 0.0
+    The writer's thread, the upload pool and the committer all count here, so every update
+    goes through ``add`` under a lock; reads of single counters need none.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.writes = 0
+        self.rows = 0
+        self.bytes_uploaded = 0
+        self.commits = 0
+        self.attempts = 0
+        self.conflicts = 0
+        self.fragments_committed = 0
+        self.lag_wait_s = 0.0
+        self.commit_latencies_s: deque[float] = deque(maxlen=LATENCY_WINDOW)
+        """The latencies of the last ``LATENCY_WINDOW`` commits, oldest first."""
+
+    def add(self, **counts: float) -> None:
+        """Adds to the named counters atomically."""
+        with self._lock:
+            for name, value in counts.items():
+                setattr(self, name, getattr(self, name) + value)
+
+    def add_commit(self, attempts: int, conflicts: int, fragments: int,
+                   latency_s: float) -> None:
+        with self._lock:
+            self.commits += 1
+            self.attempts += attempts
+            self.conflicts += conflicts
+            self.fragments_committed += fragments
+            self.commit_latencies_s.append(latency_s)
 
     @property
     def fragments_per_commit(self) -> float:
         return self.fragments_committed / self.commits if self.commits else 0.0
+
+    def __repr__(self) -> str:
+        return (f"ProducerStats(writes={self.writes}, rows={self.rows}, commits={self.commits}, "
+                f"conflicts={self.conflicts}, fragments_committed={self.fragments_committed})")
 
 
 class Producer:
@@ -60,17 +87,35 @@ class Producer:
     Use it as a context manager: a clean exit flushes, an exception does not.
     """
 
-    def __init__(self, uri: str, producer_id: str, storage_options: dict[str, str] | None = None,
-                 options: ProducerOptions | None = None, max_lag_steps: int | None = None) -> None:
+    def __init__(self, uri: str, producer_id: str, *,
+                 storage_options: dict[str, str] | None = None,
+                 options: ProducerOptions | None = None, max_lag_steps: int | None = None,
+                 progress_group: str = "train") -> None:
+        """Opens the stream and fences every older instance of ``producer_id``.
+
+        Args:
+            uri: the stream. producer_id: this producer's stable identity.
+            storage_options: as for ``lakestream.open``.
+            options: upload and commit options.
+            max_lag_steps: if set, ``write`` waits while committed steps are more than this
+                many ahead of ``progress_group``'s published progress.
+            progress_group: the consumer group whose progress bounds the lag.
+
+        Raises:
+            ValueError: a bad id, group or bound.
+            NotFoundError: no stream at ``uri``.
+        """
         self.producer_id = check_producer_id(producer_id)
         self.options = options or ProducerOptions()
-        if max_lag_steps is not None and (not isinstance(max_lag_steps, int) or max_lag_steps < 0):
+        if max_lag_steps is not None and (not isinstance(max_lag_steps, int)
+                                          or isinstance(max_lag_steps, bool)
+                                          or max_lag_steps < 0):
             raise ValueError(f"max_lag_steps must be a non-negative int or None, "
                              f"got {max_lag_steps!r}")
-        check_group(self.options.progress_group)
+        self.progress_group = check_group(progress_group)
         self.max_lag_steps = max_lag_steps
         self.stats = ProducerStats()
-        self._stream = Stream.open(uri, storage_options)
+        self._stream = Stream.open(uri, storage_options=storage_options)
         self._pid = os.getpid()
         fenced = self._stream.commit(self._fence, self.options.commit)
         assert fenced is not None and isinstance(fenced.entry, Fence)
@@ -132,7 +177,9 @@ class Producer:
         Raises:
             SchemaMismatchError: ``data`` does not fit the schema (nothing is uploaded).
             ValueError: zero rows, rows not a multiple of the group size, a fragment larger
-                than ``max_fragment_bytes`` or a sample larger than ``max_sample_bytes``.
+                than ``max_fragment_bytes``, a sample larger than ``max_sample_bytes``, or a
+                ``state`` holding NaN or Infinity (not JSON).
+            TypeError: ``state`` is not JSON-serialisable.
             ProducerFencedError: a newer instance of this producer id has opened.
             LakestreamError: a background upload or commit failed (re-raised here).
         """
@@ -174,8 +221,7 @@ class Producer:
             if state is not None:
                 self._last_state = state
             carried = self._last_state
-        self.stats.writes += 1
-        self.stats.rows += rows
+        self.stats.add(writes=1, rows=rows)
         self._pool.submit(self._upload, seq, table, carried, nbytes)
         return seq
 
@@ -265,7 +311,7 @@ class Producer:
             except AlreadyExistsError:
                 pass  # a retried PUT whose first reply was lost: the object is ours
             failpoint("after_upload")
-            self.stats.bytes_uploaded += len(body)
+            self.stats.add(bytes_uploaded=len(body))
             self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes,
                                            zlib.crc32(body)))
         except BaseException as e:  # noqa: BLE001 - surfaced on the caller's next call
@@ -303,7 +349,7 @@ class Producer:
         k = self.max_lag_steps
         if k is None:
             return
-        group, poll = self.options.progress_group, self.options.progress_poll_s
+        group, poll = self.progress_group, self.options.progress_poll_s
         t0 = time.monotonic()
         while True:
             now = time.monotonic()
@@ -318,14 +364,16 @@ class Producer:
             if self._lag_steps() <= k:
                 break
             time.sleep(poll)
-        self.stats.lag_wait_s += time.monotonic() - t0
+        self.stats.add(lag_wait_s=time.monotonic() - t0)
         self._admitted = True
 
 
 def _check_json(state: Any) -> None:
     try:
-        json.dumps(state)
-    except (TypeError, ValueError) as e:
+        json.dumps(state, allow_nan=False)
+    except ValueError as e:  # NaN and Infinity are not JSON: other Delta readers reject them
+        raise ValueError(f"producer state must be JSON without NaN or Infinity: {e}") from None
+    except TypeError as e:
         raise TypeError(f"producer state must be JSON-serialisable: {e}") from None
 
 
