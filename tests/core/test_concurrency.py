@@ -15,13 +15,13 @@ WRITERS, APPENDS, ROWS = 4, 8, 2
 
 
 def _append_many(uri: str, options: dict[str, str] | None, writer: int) -> None:
-    s = lakestream.open(uri, options)
+    s = lakestream.open(uri, storage_options=options)
     for k in range(APPENDS):
         s.append(rows(1000 * writer + ROWS * k, ROWS))
 
 
 def _check(uri: str, options: dict[str, str] | None) -> None:
-    s = lakestream.open(uri, options)
+    s = lakestream.open(uri, storage_options=options)
     total = WRITERS * APPENDS
     assert s.version == total
     for v in range(total + 1):
@@ -63,38 +63,47 @@ def test_processes_race_to_append(backend) -> None:
     _check(uri, backend.options)
 
 
-def test_a_committer_behind_a_busy_writer_gets_through_in_few_attempts(tmp_path) -> None:
+def test_a_committer_behind_a_busy_writer_gets_through_in_few_attempts(tmp_path,
+                                                                        monkeypatch) -> None:
     """Regression: after a lost race the commit loop caught up with the head and then slept
     its backoff, so the view it built its next put on was stale again and it lost again -
-    40 races in a row behind writers committing every few milliseconds."""
+    40 races in a row behind writers committing every few milliseconds.
+
+    The busy writer here commits exactly when the committer backs off, so the head always
+    moves during the sleep: the loop must lose the one race its stale view sets up and no
+    other, whatever the scheduling."""
+    import types
+
+    import lakestream.transaction
     from lakestream.log import Checkpoint, Fence
+    from lakestream.transaction import CommitOptions
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
     s.append(rows(0, 2))
-    busy = lakestream.open(s.uri)
-    stop = threading.Event()
+    busy, me = lakestream.open(s.uri), lakestream.open(s.uri)
+    epochs = iter(range(1, 1_000_000))
+    backoffs: list[float] = []
 
-    def hammer() -> None:
-        e = 0
-        while not stop.is_set():
-            e += 1
-            busy.commit(lambda _s, cid, e=e: Fence("busy", e, cid))
-            time.sleep(0.003)
+    def busy_commits() -> None:  # catches up first: alone on this thread, it never races
+        e = next(epochs)
+        assert busy.commit(lambda _s, cid: Fence("busy", e, cid), catch_up=True) is not None
 
-    t = threading.Thread(target=hammer)
-    t.start()
-    me = lakestream.open(s.uri)
-    try:
-        conflicts = []
-        for _ in range(20):
-            time.sleep(0.02)  # let the busy writer move the head past our view
-            result = me.commit(lambda _s, cid: Checkpoint("train", 0, None, cid))
-            assert result is not None
-            conflicts.append(result.conflicts)
-    finally:
-        stop.set()
-        t.join()
-    assert max(conflicts) <= 8 and sum(conflicts) / len(conflicts) <= 2, conflicts
+    def sleep(seconds: float) -> None:  # the committer's backoff
+        backoffs.append(seconds)
+        busy_commits()
+        busy_commits()
+
+    clock = types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep)
+    monkeypatch.setattr(lakestream.transaction, "time", clock)
+    conflicts = []
+    for _ in range(20):
+        busy_commits()  # the head moves past our view
+        result = me.commit(lambda _s, cid: Checkpoint("train", 0, None, cid),
+                           CommitOptions(max_attempts=5))
+        assert result is not None
+        conflicts.append(result.conflicts)
+    assert conflicts == [1] * 20 and len(backoffs) == 20, (conflicts, backoffs)
+    assert me.version == 1 + 60 + 20  # the append, the busy writer's, ours
 
 
 def test_the_commit_window_leaves_out_catching_up(tmp_path) -> None:
@@ -106,16 +115,27 @@ def test_the_commit_window_leaves_out_catching_up(tmp_path) -> None:
     behind = lakestream.open(uri)
     for epoch in range(1, 401):
         ahead.commit(lambda _s, cid, e=epoch: Fence("busy", e, cid))
+    timed = _Timed(behind.store)
+    behind.store = timed  # type: ignore[assignment]
     result = behind.commit(lambda _s, cid: Fence("late", 1, cid), catch_up=True)
+    done = time.monotonic()
     assert result is not None and result.version == 401 and result.attempts == 1
-    assert result.window_s < result.latency_s / 5, (result.window_s, result.latency_s)
+    put = min((r for r in timed.requests if r[0] == "put"), key=lambda r: r[1])
+    reads = [r for r in timed.requests if r[0] == "get" and r[2] <= put[1]]
+    assert len(reads) >= 400  # it did catch up, before its put
+    start, end = min(r[1] for r in reads), max(r[2] for r in reads)
+    # The commit began before the first read and its attempt after the last, so a window
+    # that leaves catching up out is shorter than the latency by at least the reads' span,
+    # and fits between the last read and the return.
+    assert result.latency_s - result.window_s >= end - start, (result, end - start)
+    assert result.window_s <= done - end, (result, done - end)
 
 
 def test_a_producer_far_behind_catches_up_in_parallel(tmp_path) -> None:
     # Regression: catching up read one entry per request. A producer 150 versions behind on
     # a loaded endpoint spent 9 s in one commit chasing a head that another producer moved
     # as fast as it read; with 10 ms requests, 300 entries one by one take at least 3 s.
-    from lakestream.snapshot import read_tail
+    from lakestream.tail import read_tail
 
     uri = str(tmp_path / "s")
     ahead = lakestream.create(uri, SCHEMA, global_batch_size=2, snapshot_interval=100_000)
@@ -123,17 +143,23 @@ def test_a_producer_far_behind_catches_up_in_parallel(tmp_path) -> None:
     for epoch in range(1, 301):
         ahead.commit(lambda _s, cid, e=epoch: Fence("busy", e, cid))
     state = behind._state
-    t0 = time.monotonic()
-    read_tail(_Slow(behind.store, 0.01), state)  # type: ignore[arg-type]
+    slow = _Slow(behind.store, 0.01)
+    read_tail(slow, state)  # type: ignore[arg-type]
     assert state.version == 300
-    assert time.monotonic() - t0 < 1.5
+    # Counted, not timed: one read at a time is a chain of 301 reads (each begun after the
+    # one before it ended); reads in parallel rounds make the longest such chain a few per
+    # round, and rounds of up to TAIL_WIDTH entries.
+    assert slow.reads >= 301 and slow.chain * 4 <= slow.reads, (slow.chain, slow.reads)
 
 
 class _Slow:
-    """Every store request takes ``delay_s`` longer, as on a remote object store."""
+    """Every store request takes ``delay_s`` longer, as on a remote object store. Counts
+    the GETs, and the longest chain of them each begun after the one before it ended."""
 
     def __init__(self, inner: object, delay_s: float) -> None:
         self._inner, self._delay_s = inner, delay_s
+        self._lock = threading.Lock()
+        self.reads = self.chain = 0
 
     def __getattr__(self, name: str) -> object:
         attr = getattr(self._inner, name)
@@ -141,10 +167,40 @@ class _Slow:
             return attr
 
         def slowed(*args: object, **kwargs: object) -> object:
-            time.sleep(self._delay_s)
-            return attr(*args, **kwargs)
+            with self._lock:
+                depth = self.chain + 1  # after the longest chain of reads ended so far
+                self.reads += name == "get"
+            try:
+                time.sleep(self._delay_s)
+                return attr(*args, **kwargs)
+            finally:
+                if name == "get":
+                    with self._lock:
+                        self.chain = max(self.chain, depth)
 
         return slowed
+
+
+class _Timed:
+    """Records each store request as (name, start, end), in ``time.monotonic`` seconds."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.requests: list[tuple[str, float, float]] = []
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._inner, name)
+        if name not in ("put", "get", "get_range", "head", "list", "delete"):
+            return attr
+
+        def timed(*args: object, **kwargs: object) -> object:
+            start = time.monotonic()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.requests.append((name, start, time.monotonic()))
+
+        return timed
 
 
 def test_no_producer_captures_the_log(tmp_path) -> None:
@@ -152,18 +208,23 @@ def test_no_producer_captures_the_log(tmp_path) -> None:
     # lost a race needs two requests before it can put again, so it lost every race; the
     # winner saw no rival commits, read that as low load, dropped its interval to zero and
     # starved the others (one of three producers committed 2% of the fragments).
-    from lakestream.producers import Producer
+    # Writers far faster than the log, with a small budget, keep every producer's budget
+    # full, so a share reflects the race for the log, not how fast a thread got to write; the
+    # run lasts a number of commits, not seconds (without the gap: 1 to 3 of 98 commits).
+    from lakestream.producers import Producer, ProducerOptions
 
     uri = str(tmp_path / "s")
     lakestream.create(uri, SCHEMA, global_batch_size=8, group_size=4)
-    producers = [Producer(uri, f"w{k}") for k in range(3)]
+    options = ProducerOptions(max_inflight_fragments=16)
+    producers = [Producer(uri, f"w{k}", options=options) for k in range(3)]
     for p in producers:
         p.stream.store = _Slow(p.stream.store, 0.01)  # type: ignore[assignment]
-    stop = time.monotonic() + 3.0
+    commits, deadline = 120, time.monotonic() + 300
 
     def write(p: Producer, k: int) -> None:
         i = 0
-        while time.monotonic() < stop:
+        while sum(q.stats.commits for q in producers) < commits:
+            assert time.monotonic() < deadline, "the producers stopped committing"
             p.write(rows(10_000_000 * k + 4 * i, 4))
             i += 1
 
@@ -173,6 +234,9 @@ def test_no_producer_captures_the_log(tmp_path) -> None:
     for t in threads:
         t.join()
     shares = [p.stats.fragments_committed for p in producers]
+    counts = [p.stats.commits for p in producers]
     for p in producers:
         p.abort()
+    assert sum(counts) >= commits, ("a writer failed", counts)
+    assert min(counts) >= 0.15 * sum(counts), counts
     assert min(shares) >= 0.15 * sum(shares), shares

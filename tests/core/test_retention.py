@@ -52,7 +52,8 @@ def test_markers_decide_what_is_reclaimed(backend) -> None:
     left = {m.key for m in s.store.list("data/")}
     assert not reclaimed & left and len(left) == 6
     assert delta_ids(s.uri, backend.options) == list(range(20, 32))
-    assert ids(lakestream.open(s.uri, backend.options).read_step(7)) == [28, 29, 30, 31]
+    reopened = lakestream.open(s.uri, storage_options=backend.options)
+    assert ids(reopened.read_step(7)) == [28, 29, 30, 31]
 
 
 def test_a_group_without_a_marker_holds_everything(tmp_path) -> None:
@@ -105,7 +106,26 @@ def test_gc_killed_midway_then_rerun_finishes(tmp_path) -> None:
     assert ids(lakestream.open(s.uri).read_step(9)) == [36, 37, 38, 39]
 
 
-def test_a_long_log_compacts_to_what_is_retained(tmp_path) -> None:
+def _counted_open(uri: str, monkeypatch: pytest.MonkeyPatch) -> tuple[lakestream.Stream, dict]:
+    """``lakestream.open(uri)``, with the store requests the open made."""
+    import lakestream.stream
+
+    stores: list[CountingStore] = []
+    real = lakestream.stream.open_store
+
+    def counting(*args: object, **kwargs: object) -> CountingStore:
+        stores.append(CountingStore(real(*args, **kwargs)))  # type: ignore[arg-type]
+        return stores[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(lakestream.stream, "open_store", counting)
+        opened = lakestream.open(uri)
+    (store,) = stores
+    assert opened.store is store and store.calls["get"] > 0  # counted, on the real path
+    return opened, dict(store.calls)
+
+
+def test_a_long_log_compacts_to_what_is_retained(tmp_path, monkeypatch) -> None:
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=B)
     for e in range(1, 20_000):
@@ -116,16 +136,12 @@ def test_a_long_log_compacts_to_what_is_retained(tmp_path) -> None:
     s.mark_checkpoint("train", 9)
     s.retain(keep_last=1)
     assert s.version >= 20_000
-    before = CountingStore(s.store)
-    lakestream.Stream.open  # noqa: B018 - the same open path the test below counts
-    from lakestream.snapshot import load_state
-
-    load_state(before, uri)  # type: ignore[arg-type]
+    opened, before = _counted_open(uri, monkeypatch)
+    assert opened.version == s.version
     report = s.gc(grace_seconds=0)
     assert report.log_entries > 19_000 and report.data_files == 18
-    after = CountingStore(s.store)
-    state = load_state(after, uri)  # type: ignore[arg-type]
-    assert state.version == s.version and after.calls == before.calls
+    opened, after = _counted_open(uri, monkeypatch)
+    assert opened.version == s.version and after == before  # gc leaves opening as cheap
     objects = sum(1 for _ in s.store.list(""))
     assert objects < 400, objects  # O(retained): the tail of the log, 2 snapshots, 2 files
     assert ids(lakestream.open(uri).read_step(9)) == [36, 37, 38, 39]

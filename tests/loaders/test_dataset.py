@@ -157,15 +157,28 @@ def test_state_of_another_stream_is_refused(tmp_path) -> None:
 
 
 def test_rank_zero_publishes_progress(tmp_path) -> None:
-    from lakestream.progress import read_progress
-
     s = _stream(str(tmp_path / "s"), 3)
     ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=3, progress_interval_s=0.0001)
     ds.policy_version = 5
-    for _ in ds:
-        time.sleep(0.001)
-    progress = read_progress(s.store, "train")
-    assert progress is not None and (progress.step, progress.policy_version) == (3, 5)
+    assert [b["step"] for b in ds] == [0, 1, 2]
+    # Published from a background thread: wait for it (however late it runs), not a guess.
+    progress = _progress(s, at_least=3)
+    assert (progress.step, progress.policy_version) == (3, 5)
+
+
+def _progress(s: lakestream.Stream, at_least: int, within_s: float = 60.0) -> Any:
+    """The group's published progress once it reaches step ``at_least``; fails loudly if
+    it does not within ``within_s`` (a generous bound: only a publish that never comes
+    takes that long)."""
+    from lakestream.progress import read_progress
+
+    deadline = time.monotonic() + within_s
+    while True:
+        progress = read_progress(s.store, "train")
+        if progress is not None and progress.step >= at_least:
+            return progress
+        assert time.monotonic() < deadline, f"no progress at step {at_least}: {progress}"
+        time.sleep(0.01)
 
 
 def test_keep_last_runs_retention_from_the_checkpoint_hook(tmp_path) -> None:
@@ -189,20 +202,15 @@ def test_progress_after_a_burst_is_published_while_the_trainer_waits(tmp_path) -
     """Regression: a throttled publish dropped the last progress update when the trainer
     consumed a burst of steps and then waited for more, so producers held by max_lag_steps
     and the trainer waited on each other forever (found by the demo)."""
-    from lakestream.progress import read_progress
-
     s = _stream(str(tmp_path / "s"), 3)
-    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=4, timeout=5,
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=4, timeout=300,
                        progress_interval_s=0.3)
-    t = threading.Thread(target=lambda: [None for _ in ds], daemon=True)
+    steps: list[int] = []
+    t = threading.Thread(target=lambda: steps.extend(b["step"] for b in ds), daemon=True)
     t.start()  # consumes steps 0-2 in a burst, then waits for step 3
-    deadline = time.monotonic() + 3
-    progress = read_progress(s.store, "train")
-    while time.monotonic() < deadline and (progress is None or progress.step < 3):
-        time.sleep(0.05)
-        progress = read_progress(s.store, "train")
-    assert progress is not None and progress.step == 3
+    assert _progress(s, at_least=3).step == 3
+    assert t.is_alive()  # published while the trainer waits: step 3 is not there yet
     s.append(rows(72, 6))
     s.append(rows(78, 6))
-    t.join(timeout=10)
-    assert not t.is_alive()
+    t.join(timeout=120)
+    assert not t.is_alive() and steps == [0, 1, 2, 3]

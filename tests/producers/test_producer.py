@@ -13,7 +13,7 @@ import lakestream
 from lakestream.cli import status
 from lakestream.errors import ProducerFencedError, SchemaMismatchError
 from lakestream.producers import Producer, ProducerOptions
-from lakestream.progress import publish_progress
+from lakestream.progress import progress_key, publish_progress
 from tests.helpers import SCHEMA, delta_ids, ids, rows
 
 
@@ -126,7 +126,15 @@ def test_max_lag_steps_blocks_until_the_trainer_catches_up(tmp_path) -> None:
     p.flush()  # 2 steps committed, no progress yet: lag 2 <= 2
     p.write(rows(8, 4))
     p.flush()  # lag 3 now; the next write must wait
-    done = threading.Event()
+    polled, done = threading.Event(), threading.Event()
+    real_get = p.stream.store.get
+
+    def get(key: str, *args: object, **kwargs: object) -> bytes:
+        if key == progress_key("train"):
+            polled.set()  # only a write waiting for the lag bound reads progress
+        return real_get(key, *args, **kwargs)  # type: ignore[arg-type]
+
+    p.stream.store.get = get  # type: ignore[method-assign]
 
     def writer() -> None:
         p.write(rows(12, 4))
@@ -134,12 +142,17 @@ def test_max_lag_steps_blocks_until_the_trainer_catches_up(tmp_path) -> None:
 
     t = threading.Thread(target=writer)
     t.start()
+    assert polled.wait(30)  # the writer is inside the wait
+    blocked_at = time.monotonic()
     assert not done.wait(0.5)
+    released_at = time.monotonic()
     publish_progress(s.store, "train", step=1, policy_version=7)
-    assert done.wait(5)
+    assert done.wait(30)
     t.join()
     p.close()
-    assert p.stats.lag_wait_s >= 0.4
+    # It began waiting before its first poll and ended after the release: the stat holds
+    # at least the stretch in between, however late the threads ran.
+    assert p.stats.lag_wait_s >= released_at - blocked_at >= 0.5
     assert _all_ids(s) == list(range(16))
 
 
@@ -150,7 +163,9 @@ def test_status_lists_orphans(tmp_path) -> None:
     s.store.put("data/w/1-0-deadbeef.parquet", b"never committed")
     info = status(lakestream.open(uri))
     assert info["unreferenced_files"] == 1 and info["unreferenced_bytes"] == 15
-    assert json.dumps(info)
+    # `lakestream status --json` prints this: plain JSON, nothing lost or stringified on
+    # the way (the CLI's default=str would hide a value JSON cannot hold).
+    assert json.loads(json.dumps(info)) == info
 
 
 def test_per_fragment_policy_commits_one_fragment_each(tmp_path) -> None:

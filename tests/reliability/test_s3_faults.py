@@ -51,23 +51,41 @@ def _produce(uri: str, options: dict[str, str], pid: int, history: History,
     raise AssertionError(f"producer w{pid} did not finish before the deadline")
 
 
+class _Until:
+    """How far the reader must read: unknown while producers run; then the steps committed,
+    and a deadline by which it gives up (the test then fails on what it read)."""
+
+    def __init__(self) -> None:
+        self.deadline = float("inf")
+        self.steps: int | None = None
+
+    def set(self, steps: int, within_s: float) -> None:
+        self.deadline = time.monotonic() + within_s
+        self.steps = steps
+
+
 def _read(uri: str, options: dict[str, str], history: History, faults: FaultInjector,
-          stop: threading.Event) -> None:
-    s = lakestream.open(uri, options)
+          until: _Until) -> None:
+    """Reads every step in order, both ranks, as steps appear, until it has read
+    ``until.steps`` of them: told to stop only once that number is known, never sooner."""
+    s = lakestream.open(uri, storage_options=options)
     faults.attach(s.store.client)  # type: ignore[attr-defined]
     step = 0
-    while not stop.is_set() or step < s.num_steps:
+    while until.steps is None or step < until.steps:
+        if time.monotonic() > until.deadline:
+            return
         try:
             s.refresh()
             if step >= s.num_steps:
                 time.sleep(0.02)
                 continue
-            for rank in range(2):
-                ids = s.read_step(step, rank=rank, world_size=2).column("id").to_pylist()
-                history.read("reader", step, rank, 2, ids)
-            step += 1
+            parts = [s.read_step(step, rank=rank, world_size=2).column("id").to_pylist()
+                     for rank in range(2)]
         except LakestreamError:
-            continue  # a read met a fault after the store's retries: read it again
+            continue  # a read met a fault after the store's retries: read the step again
+        for rank, ids in enumerate(parts):  # recorded once, when both ranks read it
+            history.read("reader", step, rank, 2, ids)
+        step += 1
 
 
 @pytest.mark.parametrize("rate", [0.01, 0.05, 0.2])
@@ -79,8 +97,9 @@ def test_faults_lose_and_duplicate_nothing(s3_options: dict[str, str], rate: flo
                       storage_options=s3_options)
     faults = FaultInjector(rate, seed)
     history = History()
-    stop = threading.Event()
-    reader = threading.Thread(target=_read, args=(uri, s3_options, history, faults, stop))
+    until = _Until()
+    reader = threading.Thread(target=_read, args=(uri, s3_options, history, faults, until),
+                              daemon=True)
     reader.start()
     deadline = time.monotonic() + 240
     workers = [threading.Thread(target=_produce,
@@ -91,12 +110,16 @@ def test_faults_lose_and_duplicate_nothing(s3_options: dict[str, str], rate: flo
     for w in workers:
         w.join()
     faults.enabled = False
-    stop.set()
-    reader.join(timeout=60)
+    steps = lakestream.open(uri, storage_options=s3_options).num_steps
+    assert steps == PRODUCERS * GROUPS * GROUP // B
+    until.set(steps, within_s=180)  # generous: only a stuck reader takes this long
+    reader.join(timeout=240)
+    assert not reader.is_alive(), "the reader is stuck in a store call"
+    read = len(history.reads) // 2
+    assert len(history.reads) == 2 * steps, f"the reader read {read} of {steps} steps in 180 s"
     verdict = check(history, uri, s3_options)
     assert verdict.violations == [], verdict.violations
     assert verdict.committed == PRODUCERS * GROUPS * GROUP
-    assert len(history.reads) == 2 * PRODUCERS * GROUPS * GROUP // B
     tally["s3_faults_injected"] += faults.injected
     for kind, n in faults.counts.items():
         tally[f"s3_faults_injected.{kind}"] += n
