@@ -52,7 +52,7 @@ def _producer(uri: str, options: dict[str, str] | None, pid: str, policy: str, s
         nbytes += t.nbytes
     p.abort()  # what is not committed by the deadline does not count
     s = p.stats
-    lat = sorted(s.commit_latencies_s) or [0.0]
+    lat = sorted(s.latencies()) or [0.0]
     out.put({"producer": pid, "written": n, "commits": s.commits, "attempts": s.attempts,
              "conflicts": s.conflicts, "fragments": s.fragments_committed,
              "cpu_s": time.process_time() - cpu0, "commit_p50_s": lat[len(lat) // 2]})

@@ -91,7 +91,7 @@ def main() -> None:
     reader = ds.last_reader
     if reader is not None:
         with open(os.path.join(log_dir, f"reads-rank{rank}.json"), "a") as f:
-            f.write(json.dumps({"latencies_s": reader.read_latencies_s,
+            f.write(json.dumps({"latencies_s": list(reader.read_latencies_s),
                                 "wait_s": reader.wait_s}) + "\n")
     dist.barrier()
     dist.destroy_process_group()

@@ -101,7 +101,8 @@ class ReplayState:
         return entry.epoch < p.epoch or entry.first_seq <= p.seq
 
     def apply(self, version: int, entry: Entry) -> bool:
-        """Folds in the entry at ``version``; returns False if it was void.
+        """Folds in the entry at ``version``; returns False if it was void. All or nothing:
+        an entry that raises leaves the state unchanged.
 
         Raises:
             CorruptLogError: versions out of order, an entry before version 0, or offsets
@@ -135,6 +136,8 @@ class ReplayState:
         if self.is_void(entry):
             self.voided.append((version, entry.fragments))
             return False
+        # Check every fragment before changing anything: a corrupt entry leaves the state
+        # exactly as it was, at the version before it.
         offset = self.next_offset
         for f in entry.fragments:
             if f.offset != offset:
@@ -142,11 +145,12 @@ class ReplayState:
                     f"log version {version}: fragment {f.path} records offset {f.offset} but "
                     f"replay places it at {offset}; the log is corrupt"
                 )
-            if f.rows:
-                self.fragments.append(Fragment(offset, f.rows, f.path, f.size, version,
-                                               f.crc32))
-                self._starts.append(offset)
             offset += f.rows
+        for f in entry.fragments:
+            if f.rows:
+                self.fragments.append(Fragment(f.offset, f.rows, f.path, f.size, version,
+                                               f.crc32))
+                self._starts.append(f.offset)
         self.next_offset = offset
         if entry.producer is not None:
             p = self.producers.setdefault(entry.producer, ProducerState())

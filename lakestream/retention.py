@@ -3,11 +3,12 @@ needs, then garbage-collect files, old log entries and snapshots after a grace p
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakestream.errors import CorruptLogError, NotFoundError
+from lakestream.errors import CorruptLogError, NotFoundError, StoreError
 from lakestream.failpoints import failpoint
 from lakestream.inventory import unreferenced
 from lakestream.log import (
@@ -32,6 +33,7 @@ from lakestream.store.base import ObjectMeta, ObjectStore
 from lakestream.tail import read_entry
 
 CLOCK_KEY = "_lakestream/_clock"
+LAST_CHECKPOINT_KEY = "_delta_log/_last_checkpoint"
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,12 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
     keep_from = max(0, newest - interval)
     if delta_checkpoint_version is None:
         return  # without a Delta checkpoint, Delta readers need every entry
-    keep_from = min(keep_from, delta_checkpoint_version)
+    # Delta readers start from the checkpoint _last_checkpoint names, which another gc or
+    # another engine may have rewritten since ours: keep everything from it on.
+    pointed = _last_delta_checkpoint(store)
+    if pointed is None:
+        return
+    keep_from = min(keep_from, delta_checkpoint_version, pointed)
     for v in [v for v in state.reclaim_versions if v < keep_from]:
         try:
             if store.head(log_key(v)).last_modified > cutoff:
@@ -233,6 +240,17 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
             store.delete(meta.key)
             report.snapshots += 1
     _sweep_index(store, cutoff, report)
+
+
+def _last_delta_checkpoint(store: ObjectStore) -> int | None:
+    """The version ``_delta_log/_last_checkpoint`` names, or None if it is missing or
+    unreadable (then nothing of the Delta log may go)."""
+    try:
+        info = json.loads(store.get(LAST_CHECKPOINT_KEY))
+        version = info["version"]
+        return version if isinstance(version, int) and version >= 0 else None
+    except (NotFoundError, StoreError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _sweep_index(store: ObjectStore, cutoff: float, report: GcReport) -> None:

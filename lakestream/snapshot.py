@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
+from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError, StoreError
 from lakestream.failpoints import failpoint
 from lakestream.log import FragmentRef, StreamMeta, log_key
 from lakestream.replay import Fragment, Marker, ProducerState, ReplayState
@@ -227,8 +227,8 @@ def _earlier_segments(store: ObjectStore, state: ReplayState) -> dict[str, tuple
     try:
         info = _read_manifest(store.get(snapshot_key(previous)))
         return {str(k): (int(n), int(c)) for k, _lo, _hi, n, c in info["segments"]}
-    except (NotFoundError, *_PARSE_ERRORS):
-        return {}  # missing or damaged: it only costs re-encoding its blocks
+    except (NotFoundError, StoreError, *_PARSE_ERRORS):
+        return {}  # missing, unreachable or damaged: it only costs re-encoding its blocks
 
 
 def snapshot_segments(store: ObjectStore, version: int) -> list[str]:

@@ -235,7 +235,10 @@ class Transaction:
                 return self._landed(version, winner, attempt, conflicts, t0, t_attempt)
             if winner is not None:
                 conflicts += 1
-                state.apply(version, winner)
+                try:
+                    state.apply(version, winner)
+                except CorruptLogError as e:
+                    return self._unknown(e) if unknown else Rejected(e, state)
                 unknown = False  # the version we tried is taken by another: ours is not there
                 # Back off first, then catch up: after sleeping the head has moved again,
                 # and a put built on the view from before the sleep would lose for certain.

@@ -33,10 +33,11 @@ class ProgressPublisher:
         self._latest: tuple[int, int | None] | None = None
         self._published: tuple[int, int | None] | None = None
         self._failing = False
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._publishing = threading.Lock()
+        """One publish at a time: an older step never overwrites a newer one."""
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     @property
     def running(self) -> bool:
@@ -47,42 +48,45 @@ class ProgressPublisher:
         with self._lock:
             self._latest = (step, policy_version)
             if self._thread is None or not self._thread.is_alive():
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="lakestream-progress")
+                # Each thread gets its own stop event: a thread that outlived its stop's
+                # join (a publish stuck in retries) still stops, and never runs beside its
+                # successor for long.
+                self._stop = threading.Event()
+                self._thread = threading.Thread(target=self._run, args=(self._stop,),
+                                                daemon=True, name="lakestream-progress")
                 self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Publishes what is unpublished, then stops the thread. Idempotent."""
         with self._lock:
             thread, self._thread = self._thread, None
+            stop = self._stop
         if thread is None:
             return
-        self._stop.set()
-        self._wake.set()
+        stop.set()
         thread.join(timeout)
 
     def _round(self) -> None:
-        latest = self._latest
-        if latest is None or latest == self._published:
-            return
-        try:
-            self._publish(*latest)
-        except LakestreamError as e:
-            self.errors += 1
-            if not self._failing:
-                log.warning("publishing progress step %d failed (retrying every %.1fs): %s",
-                            latest[0], self.interval_s, e)
-            self._failing = True
-            return
-        if self._failing:
-            log.warning("publishing progress works again (step %d)", latest[0])
-        self._failing = False
-        self._published = latest
+        with self._publishing:
+            latest = self._latest
+            if latest is None or latest == self._published:
+                return
+            try:
+                self._publish(*latest)
+            except LakestreamError as e:
+                self.errors += 1
+                if not self._failing:
+                    log.warning("publishing progress step %d failed (retrying every %.1fs): "
+                                "%s", latest[0], self.interval_s, e)
+                self._failing = True
+                return
+            if self._failing:
+                log.warning("publishing progress works again (step %d)", latest[0])
+            self._failing = False
+            self._published = latest
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             self._round()
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
+            stop.wait(self.interval_s)
         self._round()  # the last update, so producers see where the trainer stopped

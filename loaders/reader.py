@@ -13,6 +13,8 @@ import pyarrow as pa
 from lakestream.errors import StepNotAvailableError
 from lakestream.stream import Stream
 
+LATENCY_WINDOW = 4096
+
 
 class StepReader:
     """Reads one rank's slices of a sequence of steps, in order, ``prefetch`` steps ahead.
@@ -33,8 +35,9 @@ class StepReader:
         self.timeout, self.poll_min_s, self.poll_max_s = timeout, poll_min_s, poll_max_s
         self.wait_s = 0.0
         """Time spent waiting for steps to become visible."""
-        self.read_latencies_s: list[float] = []
-        """Per step: from asking for it (once visible) to its slice being decoded."""
+        self.read_latencies_s: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
+        """Per step, the last ``LATENCY_WINDOW``: from asking for it (once visible) to its
+        slice being decoded."""
 
     def _read(self, step: int) -> tuple[pa.Table, float]:
         t0 = time.perf_counter()

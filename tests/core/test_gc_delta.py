@@ -5,6 +5,7 @@ from __future__ import annotations
 import lakestream
 from lakestream.log import LOG_DIR, is_delta_checkpoint_key
 from lakestream.store import LocalStore
+from lakestream.stream import Stream
 from tests.helpers import SCHEMA, delta_ids, rows
 
 
@@ -27,3 +28,27 @@ def test_gc_deletes_delta_checkpoints_older_than_what_it_keeps(tmp_path) -> None
     assert _checkpoints(uri) == [s.version]  # only the one the last gc wrote
     assert delta_ids(uri, None) == list(range(written))
     assert lakestream.open(uri).num_samples == written
+
+
+def test_gc_keeps_the_checkpoint_delta_readers_are_pointed_at(tmp_path, monkeypatch) -> None:
+    # Another gc or engine may rewrite _last_checkpoint to an older checkpoint than the one
+    # this gc wrote: that one, and the entries after it, must stay.
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4, snapshot_interval=2)
+    for i in range(3):
+        s.append(rows(4 * i, 4))
+    s.gc(grace_seconds=0)
+    older = LocalStore(uri).get("_delta_log/_last_checkpoint")
+    for i in range(3, 9):
+        s.append(rows(4 * i, 4))
+    write = Stream._write_delta_checkpoint
+
+    def then_a_rival_points_back(self: Stream) -> int | None:
+        version = write(self)
+        LocalStore(uri).put("_delta_log/_last_checkpoint", older)
+        return version
+
+    monkeypatch.setattr(Stream, "_write_delta_checkpoint", then_a_rival_points_back)
+    s.gc(grace_seconds=0)
+    assert _checkpoints(uri) == [3, 9]
+    assert delta_ids(uri, None) == list(range(36))

@@ -18,10 +18,9 @@ from lakestream.errors import (
     StepNotAvailableError,
     StoreError,
 )
-from lakestream.log import DATA_DIR, LOG_DIR, Checkpoint, Fence
+from lakestream.log import DATA_DIR, LOG_DIR, Checkpoint, Fence, log_key
 from lakestream.snapshot import (
     INDEX_DIR,
-    SNAPSHOT_DIR,
     decode_snapshot,
     load_state,
     snapshot_key,
@@ -148,7 +147,7 @@ def test_appends_interrupted_at_every_point_leave_a_sound_stream(tmp_path, monke
     fresh = lakestream.open(s.uri)
     committed = sum((ids(fresh.read_step(i)) for i in range(fresh.num_steps)), [])
     landed = point != "before_commit"
-    assert committed == list(range(12)) if landed else list(range(0, 4)) + list(range(8, 12))
+    assert committed == (list(range(12)) if landed else [*range(4), *range(8, 12)])
     _assert_sound(s.uri)
 
 
@@ -219,7 +218,7 @@ def test_a_bug_while_opening_is_raised_not_read_as_damage(tmp_path) -> None:
     s = _stream_with_snapshots(tmp_path)
 
     def bug(op: str, key: str, phase: str) -> None:
-        if op == "get" and key.startswith(SNAPSHOT_DIR):
+        if op == "get" and key.startswith(INDEX_DIR):  # read inside snapshot decoding
             raise AttributeError("a bug")
 
     with pytest.raises(AttributeError):
@@ -272,6 +271,26 @@ def test_a_slow_commit_does_not_block_refresh_or_reads_on_the_same_handle(tmp_pa
 
 
 # -- 4. the marker's retention check is inside the commit ----------------------------------
+
+
+def test_a_corrupt_entry_behind_the_head_leaves_the_handle_as_it_was(tmp_path) -> None:
+    # Regression: replay added an entry's first fragments before checking the later ones'
+    # offsets, so a commit that caught up into a corrupt entry published a half-applied
+    # state naming a fragment that was never committed.
+    from lakestream.log import Append, FragmentRef, encode_entry
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    stale = lakestream.open(s.uri)
+    s.commit(lambda _s, cid: Fence("other", 1, cid))
+    bad = Append(None, 0, (FragmentRef("data/x/a.parquet", 4, 10, 0, 0),
+                           FragmentRef("data/x/b.parquet", 4, 10, 99, 0)), None, "bad")
+    s.store.put(log_key(2), encode_entry(bad), mode="create")
+    with pytest.raises(CorruptLogError, match="log version 2"):
+        stale.commit(lambda _s, cid: Checkpoint("train", 0, None, cid))
+    assert stale.state.fragments == [] and stale.num_samples == 0
+    with pytest.raises(CorruptLogError):
+        stale.append(rows(0, 4))
+    assert _data_files(s.uri) == []  # a definite failure: its upload was deleted
 
 
 def test_a_marker_never_lands_below_data_a_concurrent_retain_reclaimed(tmp_path) -> None:
