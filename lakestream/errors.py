@@ -19,6 +19,11 @@ class StoreError(LakestreamError):
     """The object store failed after its retries; for a write the outcome is unknown."""
 
 
+class PermissionDeniedError(LakestreamError):
+    """The store refused a request for lack of permission (HTTP 401/403): definite, nothing
+    was written. Not a StoreError, whose write outcome is unknown."""
+
+
 class CommitConflictError(LakestreamError):
     """A commit lost every race it entered until its attempts or deadline ran out."""
 

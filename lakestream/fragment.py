@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakestream.errors import CorruptLogError, NotFoundError
+from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
 from lakestream.log import DATA_DIR
 from lakestream.store.base import ObjectStore
 
@@ -25,6 +25,18 @@ larger ones are read by row group, their pages checked by Parquet's page checksu
 def fragment_key(producer: str, epoch: int, seq: int) -> str:
     """``data/<producer>/<epoch>-<seq>-<uuid>.parquet``: unique even across zombies."""
     return f"{DATA_DIR}{producer}/{epoch}-{seq}-{uuid.uuid4().hex}.parquet"
+
+
+def put_fragment(store: ObjectStore, key: str, body: bytes) -> None:
+    """Creates the fragment at ``key`` (a key only this writer names, see ``fragment_key``).
+
+    A 412 can only be our own earlier attempt, retried after its reply was lost: the object
+    is ours, and the put succeeded.
+    """
+    try:
+        store.put(key, body, mode="create")
+    except AlreadyExistsError:
+        pass
 
 
 def _is_nested(t: pa.DataType) -> bool:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import zlib
 from typing import Any
 
 import pyarrow as pa
 
-from lakestream.errors import AlreadyExistsError, StepNotAvailableError
-from lakestream.fragment import FragmentReader, encode_fragment, fragment_key
+from lakestream.errors import (
+    AlreadyExistsError,
+    LakestreamError,
+    StepNotAvailableError,
+    StoreError,
+)
+from lakestream.fragment import FragmentReader, encode_fragment, fragment_key, put_fragment
 from lakestream.log import (
     Append,
     Checkpoint,
@@ -45,6 +51,8 @@ from lakestream.transaction import (
     Transaction,
     unwrap,
 )
+
+log = logging.getLogger("lakestream")
 
 ANONYMOUS = "_append"
 """The data folder of ``Stream.append`` (plain appends belong to no producer)."""
@@ -89,10 +97,15 @@ class Stream:
         entry = Create(meta)
         try:
             store.put(log_key(0), encode_entry(entry), mode="create")
-        except AlreadyExistsError:
-            raise AlreadyExistsError(
-                f"a stream already exists at {uri}; open it with lakestream.open"
-            ) from None
+        except (AlreadyExistsError, StoreError) as e:
+            # A lost reply, or a retried PUT meeting its own object: read what is there.
+            existing = entry_or_none(store, 0)
+            if existing is None or existing.commit_id != entry.commit_id:
+                if isinstance(e, StoreError):
+                    raise
+                raise AlreadyExistsError(
+                    f"a stream already exists at {uri}; open it with lakestream.open"
+                ) from None
         state = ReplayState()
         state.apply(0, entry)
         write_snapshot(store, state)
@@ -217,6 +230,7 @@ class Stream:
             ValueError: the row count is not a multiple of the group size, or is zero.
             CommitConflictError: the commit lost every race (nothing was committed).
             CommitStateUnknownError: the commit may have landed; reopen to learn it.
+            CorruptLogError: the log cannot be replayed up to the head (nothing committed).
         """
         table = conform(data, self.schema, where=f"append to {self.uri}")
         rows, g = table.num_rows, self.group_size
@@ -228,7 +242,7 @@ class Stream:
         key = fragment_key(ANONYMOUS, 0, 0)
         body = encode_fragment(table, g)
         crc = zlib.crc32(body)
-        self.store.put(key, body, mode="create")
+        put_fragment(self.store, key, body)
 
         def build(state: ReplayState, commit_id: str) -> Entry:
             ref = FragmentRef(key, rows, len(body), state.next_offset, 0, crc)
@@ -236,7 +250,10 @@ class Stream:
 
         outcome = self.transact(build, commit_options)
         if outcome.definite_failure:
-            self.store.delete(key)  # a definite failure: nothing can name the file
+            try:
+                self.store.delete(key)  # a definite failure: nothing can name the file
+            except LakestreamError as e:  # gc removes the orphan; the outcome is the news
+                log.warning("could not delete the uncommitted fragment %s: %s", key, e)
         result = unwrap(outcome)
         assert result is not None
         return result.version

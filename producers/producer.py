@@ -15,9 +15,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakestream.errors import AlreadyExistsError, LakestreamError
+from lakestream.errors import LakestreamError
 from lakestream.failpoints import failpoint
-from lakestream.fragment import encode_fragment, fragment_key
+from lakestream.fragment import encode_fragment, fragment_key, put_fragment
 from lakestream.log import Entry, Fence, check_producer_id
 from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
@@ -64,6 +64,11 @@ class ProducerStats:
             self.conflicts += conflicts
             self.fragments_committed += fragments
             self.commit_latencies_s.append(latency_s)
+
+    def latencies(self) -> list[float]:
+        """A copy of the remembered commit latencies, oldest first (safe while committing)."""
+        with self._lock:
+            return list(self.commit_latencies_s)
 
     @property
     def fragments_per_commit(self) -> float:
@@ -306,10 +311,7 @@ class Producer:
                                    compression=self.options.compression,
                                    compression_level=self.options.compression_level)
             key = fragment_key(self.producer_id, self.epoch, seq)
-            try:
-                self._stream.store.put(key, body, mode="create")
-            except AlreadyExistsError:
-                pass  # a retried PUT whose first reply was lost: the object is ours
+            put_fragment(self._stream.store, key, body)
             failpoint("after_upload")
             self.stats.add(bytes_uploaded=len(body))
             self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes,

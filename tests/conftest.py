@@ -1,5 +1,5 @@
-"""Fixtures shared by the suite: a real S3 endpoint (moto over HTTP), the backend matrix,
-and the seeds and tally of the reliability tests.
+"""Fixtures shared by the suite: a real S3 server (SeaweedFS on 127.0.0.1), the backend
+matrix, and the seeds and tally of the reliability tests.
 
 ``make test`` runs a fast, seeded subset; ``make soak`` sets ``LAKESTREAM_SOAK=1`` for more
 seeds and trials, and ``LAKESTREAM_RELIABILITY_REPORT`` to a JSON path where the tally of
@@ -10,7 +10,6 @@ is written at the end of the session.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import uuid
 from collections import Counter
@@ -20,20 +19,24 @@ from typing import Any
 
 import pytest
 
-from tests.s3server import BUCKET, start_s3
-from tests.s3server import s3_options as s3_config
+from tests.s3server import BUCKET, ROLES, SeaweedS3, start_s3
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    server, url = start_s3()
-    yield url
+def s3_server() -> Iterator[SeaweedS3]:
+    server = start_s3(identities=ROLES)
+    yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
-def s3_options(s3_endpoint: str) -> dict[str, str]:
-    return s3_config(s3_endpoint)
+def s3_endpoint(s3_server: SeaweedS3) -> str:
+    return s3_server.url
+
+
+@pytest.fixture(scope="session")
+def s3_options(s3_server: SeaweedS3) -> dict[str, str]:
+    return s3_server.options()
 
 
 class Backend:
@@ -57,9 +60,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Backend:
     options = request.getfixturevalue("s3_options")
     run = uuid.uuid4().hex[:12]
     return Backend("s3", lambda name: f"s3://{BUCKET}/{run}/{name}", options)
-
-
-logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 
 SOAK = os.environ.get("LAKESTREAM_SOAK") == "1"

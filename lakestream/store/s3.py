@@ -1,7 +1,11 @@
-"""The S3 store (AWS, MinIO, any S3 with conditional writes), through boto3.
+"""The S3 store (AWS, MinIO, SeaweedFS, any S3 with conditional writes), through obstore.
 
-This is the only module that imports botocore: it turns HTTP 412 into AlreadyExistsError,
-404 into NotFoundError and every other failure, after retries, into StoreError.
+obstore is the Python binding of the Rust ``object_store`` crate that deltalake uses, so its
+configuration keys are deltalake's ``storage_options`` and one dict opens both. This is the
+only module that imports it: 412 becomes AlreadyExistsError, 404 NotFoundError, 401/403
+PermissionDeniedError, and every other failure, after the client's retries, StoreError.
+boto3, when installed, only resolves credentials and region from an AWS profile (SSO,
+assume-role, credential_process) when the options or environment name one.
 """
 
 from __future__ import annotations
@@ -11,87 +15,133 @@ import os
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, BinaryIO, cast
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+import obstore
+from obstore.exceptions import (
+    AlreadyExistsError as _ObAlreadyExists,
+)
+from obstore.exceptions import (
+    BaseError as _ObError,
+)
+from obstore.exceptions import (
+    NotFoundError as _ObNotFound,
+)
+from obstore.exceptions import (
+    PermissionDeniedError as _ObDenied,
+)
+from obstore.exceptions import (
+    PreconditionError as _ObPrecondition,
+)
+from obstore.exceptions import (
+    UnauthenticatedError as _ObUnauthenticated,
+)
+from obstore.exceptions import (
+    UnknownConfigurationKeyError as _ObUnknownKey,
+)
+from obstore.store import S3Store as _ObS3Store
 
-from lakestream.errors import AlreadyExistsError, NotFoundError, StoreError
+from lakestream.errors import (
+    AlreadyExistsError,
+    LakestreamError,
+    NotFoundError,
+    PermissionDeniedError,
+    StoreError,
+)
 from lakestream.store.base import ObjectMeta, PutMode, check_key
 
-# deltalake's storage_options keys (case-insensitive), with the aliases it also accepts.
-_KEYS = {
-    "endpoint_url": ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"),
-    "access_key_id": ("aws_access_key_id", "access_key_id"),
-    "secret_access_key": ("aws_secret_access_key", "secret_access_key"),
-    "session_token": ("aws_session_token", "session_token", "aws_token", "token"),
-    "region": ("aws_region", "region", "aws_default_region"),
-    "allow_http": ("aws_allow_http", "allow_http"),
-}
-_RETRYABLE = {"409", "500", "502", "503", "504", "SlowDown", "ConditionalRequestConflict",
-              "InternalError", "ServiceUnavailable", "RequestTimeout"}
+# Lakestream's own keys in storage_options, beside the object_store ones.
+_OWN_KEYS = {"lakestream_max_retries", "lakestream_read_buffer_bytes"}
+_PROFILE_KEYS = ("aws_profile", "profile")
+
+_OWNER_PID: int | None = None
+"""The process that started obstore's runtime. Its threads do not exist in a forked child,
+where any obstore call hangs or crashes, so a child refuses with a clear error instead."""
+
+
+def _claim_runtime(uri: str) -> None:
+    global _OWNER_PID
+    pid = os.getpid()
+    if _OWNER_PID is None:
+        _OWNER_PID = pid
+    elif _OWNER_PID != pid:
+        raise LakestreamError(
+            f"{uri}: this process was forked from one that already used S3, and the S3 "
+            "client cannot run after fork; start workers with the 'spawn' or 'forkserver' "
+            "method (DataLoader(..., multiprocessing_context='spawn'), or StreamLoader, "
+            "which does)")
 
 
 @dataclass(frozen=True)
 class S3Options:
-    """Where and how to reach S3. Unset fields fall back to boto3's environment chain
-    (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-    ``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``, profiles, instance roles)."""
+    """How to reach the bucket: ``config`` is handed to obstore (deltalake's keys; what it
+    leaves unset comes from the ``AWS_*`` environment, then instance, container or web
+    identity credentials), and retries are bounded here."""
 
-    endpoint_url: str | None = None
-    access_key_id: str | None = None
-    secret_access_key: str | None = None
-    session_token: str | None = None
-    region: str | None = None
-    allow_http: bool = False
-    max_attempts: int = 8
-    """Attempts per request for throttling, 5xx and 409 ConditionalRequestConflict."""
+    config: tuple[tuple[str, str], ...] = ()
+    max_retries: int = 8
+    """Retries per request for 5xx, 429, timeouts and dropped connections."""
+    backoff_init_s: float = 0.02
     backoff_cap_s: float = 2.0
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0
-    max_pool_connections: int = 32
-    extra: dict[str, str] = field(default_factory=dict)
+    retry_timeout_s: float = 60.0
+    read_buffer_bytes: int = 1 << 20
+    """Bytes a Parquet reader fetches per ranged GET."""
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 30.0
+    """A whole request, reply included: a connection that never answers is retried, never
+    waited on for ever."""
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.endpoint_url and self.endpoint_url.startswith("http://") and not self.allow_http:
-            raise ValueError(
-                f"endpoint {self.endpoint_url} is plain HTTP; set AWS_ALLOW_HTTP=true to allow it"
-            )
+        if self.max_retries < 0 or self.read_buffer_bytes < 1:
+            raise ValueError("max_retries must be >= 0 and read_buffer_bytes >= 1")
 
     @classmethod
     def from_options(cls, options: dict[str, str] | None) -> S3Options:
-        """Reads deltalake-style ``storage_options``, then the environment for what is unset."""
-        given = {k.lower(): v for k, v in (options or {}).items()}
-        values: dict[str, Any] = {}
-        for name, aliases in _KEYS.items():
-            for alias in aliases:
-                if alias in given:
-                    values[name] = given.pop(alias)
-                    break
-            else:
-                env = os.environ.get(aliases[0].upper())
-                if env is not None:
-                    values[name] = env
-        if "allow_http" in values:
-            values["allow_http"] = str(values["allow_http"]).lower() in ("1", "true", "yes")
-        return cls(**values, extra=given)
+        """Splits deltalake-style ``storage_options`` into obstore's and Lakestream's own.
+
+        An AWS profile (``AWS_PROFILE`` as an option or in the environment) is resolved
+        through boto3, which knows SSO, assume-role and credential_process; its region is
+        used unless one is given.
+
+        Raises:
+            ValueError: a value of Lakestream's own keys is not a number.
+        """
+        given = {str(k).lower(): str(v) for k, v in (options or {}).items()}
+        own = {k: given.pop(k) for k in list(given) if k in _OWN_KEYS}
+        try:
+            retries = int(own.get("lakestream_max_retries", 8))
+            buffer = int(own.get("lakestream_read_buffer_bytes", 1 << 20))
+        except ValueError as e:
+            raise ValueError(f"storage option: {e}") from None
+        return cls(tuple(sorted(given.items())), max_retries=retries, read_buffer_bytes=buffer)
 
 
-def _code(e: ClientError) -> str:
-    err = e.response.get("Error", {})
-    return str(err.get("Code") or e.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
-
-
-def _status(e: ClientError) -> int:
-    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+def _profile_credentials(config: dict[str, str]) -> tuple[dict[str, str], Any]:
+    """The profile's region and a credential provider, if a profile is named."""
+    profile = next((config.pop(k) for k in _PROFILE_KEYS if k in config), None)
+    profile = profile or os.environ.get("AWS_PROFILE")
+    if not profile or "aws_access_key_id" in config or "access_key_id" in config:
+        return config, None
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError as e:
+        raise LakestreamError(f"AWS profile {profile!r} needs boto3: pip install boto3") from e
+    session = boto3.Session(profile_name=profile)
+    if session.region_name and not {"aws_region", "region"} & set(config) \
+            and not os.environ.get("AWS_REGION") and not os.environ.get("AWS_DEFAULT_REGION"):
+        config["aws_region"] = session.region_name
+    return config, Boto3CredentialProvider(session)
 
 
 class S3Store:
-    """A bucket prefix as an object store. ``put(mode="create")`` sends ``If-None-Match: *``."""
+    """A bucket prefix as an object store. ``put(mode="create")`` sends ``If-None-Match: *``.
+
+    Raises (construction):
+        ValueError: the URI names no bucket, or a storage option is unknown (named).
+    """
 
     def __init__(self, uri: str, options: S3Options | None = None) -> None:
         if not uri.startswith("s3://"):
@@ -100,123 +150,115 @@ class S3Store:
         if not bucket:
             raise ValueError(f"S3 URI {uri!r} names no bucket")
         self.bucket = bucket
-        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.prefix = prefix.strip("/")
         self.options = options or S3Options()
-        self._client_pid = -1
-        self._client_obj: Any = None
+        _claim_runtime(self.uri)
+        o = self.options
+        config, provider = _profile_credentials(dict(o.config))
+        retry: Any = {"max_retries": o.max_retries,
+                 "retry_timeout": timedelta(seconds=o.retry_timeout_s),
+                 "backoff": {"init_backoff": timedelta(seconds=o.backoff_init_s),
+                             "max_backoff": timedelta(seconds=o.backoff_cap_s), "base": 2}}
+        try:
+            client: Any = {"connect_timeout": timedelta(seconds=o.connect_timeout_s),
+                           "timeout": timedelta(seconds=o.request_timeout_s)}
+            self._store = _ObS3Store(bucket, prefix=self.prefix or None, config=cast(Any, config),
+                                     client_options=client, retry_config=retry,
+                                     credential_provider=provider)
+        except _ObUnknownKey as e:
+            key = str(e).split("'")[1] if "'" in str(e) else str(e)
+            raise ValueError(f"storage option {key!r} is not an S3 option (deltalake's keys: "
+                             "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                             "AWS_SESSION_TOKEN, AWS_REGION, AWS_ALLOW_HTTP, ...)") from None
+        except _ObError as e:
+            raise ValueError(f"S3 options for {uri}: {_first_line(e)}") from None
 
     @property
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
-    @property
-    def client(self) -> Any:
-        """The boto3 client, made anew in a forked child (clients do not survive fork)."""
-        if self._client_pid != os.getpid():
-            o = self.options
-            config = Config(
-                retries={"max_attempts": 1, "mode": "standard"},
-                connect_timeout=o.connect_timeout_s,
-                read_timeout=o.read_timeout_s,
-                max_pool_connections=o.max_pool_connections,
-                s3={"addressing_style": "path"} if o.endpoint_url else None,
-            )
-            self._client_obj = boto3.session.Session().client(
-                "s3",
-                endpoint_url=o.endpoint_url,
-                aws_access_key_id=o.access_key_id,
-                aws_secret_access_key=o.secret_access_key,
-                aws_session_token=o.session_token,
-                region_name=o.region or "us-east-1",
-                config=config,
-            )
-            self._client_pid = os.getpid()
-        return self._client_obj
-
-    def _key(self, key: str) -> str:
-        return self.prefix + check_key(key)
-
-    def _call(self, what: str, key: str, fn: Any, **kwargs: Any) -> Any:
-        """Runs one request, retrying throttling, 5xx and 409 with capped, jittered backoff."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return fn(Bucket=self.bucket, **kwargs)
-            except ClientError as e:
-                code, status = _code(e), _status(e)
-                if status == 412 or code == "PreconditionFailed":
-                    raise AlreadyExistsError(f"{self.uri}/{key} already exists") from None
-                if status == 404 or code in ("NoSuchKey", "404", "NotFound"):
-                    raise NotFoundError(f"{self.uri}/{key} does not exist") from None
-                if code == "NoSuchBucket":
-                    raise NotFoundError(f"bucket {self.bucket} does not exist") from None
-                if (code in _RETRYABLE or status >= 500) and attempt < self.options.max_attempts:
-                    self._sleep(attempt)
-                    continue
-                raise StoreError(f"{what} {self.uri}/{key} failed: {code} {e}") from e
-            except BotoCoreError as e:
-                if attempt < self.options.max_attempts:
-                    self._sleep(attempt)
-                    continue
-                raise StoreError(f"{what} {self.uri}/{key} failed: {e}") from e
-
-    def _sleep(self, attempt: int) -> None:
-        cap = min(self.options.backoff_cap_s, 0.02 * 2**attempt)
-        time.sleep(random.uniform(cap / 2, cap))
+    def _fail(self, what: str, key: str, e: Exception) -> LakestreamError:
+        where = f"{self.uri}/{key}"
+        if _conflict(e):
+            # obstore reports S3's 409 ConditionalRequestConflict ("a conflicting
+            # conditional write is in flight: try again") as AlreadyExists. Nothing says the
+            # object exists: taken as a 412, a fragment whose PUT never reached the server
+            # was committed. It is a transient failure.
+            return StoreError(f"{what} {where} met a conflicting write in flight (409)")
+        if isinstance(e, (_ObAlreadyExists, _ObPrecondition)):
+            return AlreadyExistsError(f"{where} already exists")
+        if isinstance(e, (_ObNotFound, FileNotFoundError)):
+            return NotFoundError(f"{where} does not exist")
+        if isinstance(e, (_ObDenied, _ObUnauthenticated)) or _denied(e):
+            return PermissionDeniedError(
+                f"{what} {where} was refused: the credentials may not do this "
+                f"({_first_line(e)}); see docs/deployment.md for the policies")
+        return StoreError(f"{what} {where} failed: {_first_line(e)}")
 
     def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> None:
-        extra = {"IfNoneMatch": "*"} if mode == "create" else {}
-        self._call("writing", key, self.client.put_object, Key=self._key(key), Body=data, **extra)
+        """Writes ``data``; a 409 (a conflicting write in flight) is retried here, with
+        capped jittered backoff, since the client does not retry it. After a retry a 412
+        may be our own earlier attempt: callers of ``mode="create"`` tell (a commit reads
+        its entry back; a fragment's key is its writer's alone)."""
+        for attempt in range(self.options.max_retries + 1):
+            try:
+                obstore.put(self._store, check_key(key), data, mode=mode)
+                return
+            except (_ObError, OSError) as e:
+                error = self._fail("writing", key, e)
+                if not _conflict(e) or attempt == self.options.max_retries:
+                    raise error from None
+            cap = min(self.options.backoff_cap_s, self.options.backoff_init_s * 2 ** attempt)
+            time.sleep(random.uniform(cap / 2, cap))
 
     def get(self, key: str) -> bytes:
-        r = self._call("reading", key, self.client.get_object, Key=self._key(key))
-        return bytes(r["Body"].read())
+        try:
+            return bytes(obstore.get(self._store, check_key(key)).bytes())
+        except (_ObError, OSError) as e:
+            raise self._fail("reading", key, e) from None
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if end <= start:
             return b""
-        r = self._call("reading", key, self.client.get_object, Key=self._key(key),
-                       Range=f"bytes={start}-{end - 1}")
-        return bytes(r["Body"].read())
+        try:
+            return bytes(obstore.get_range(self._store, check_key(key), start=start, end=end))
+        except (_ObError, OSError) as e:
+            raise self._fail("reading", key, e) from None
 
     def head(self, key: str) -> ObjectMeta:
-        r = self._call("inspecting", key, self.client.head_object, Key=self._key(key))
-        return ObjectMeta(key, int(r["ContentLength"]), r["LastModified"].timestamp())
+        try:
+            meta = obstore.head(self._store, check_key(key))
+        except (_ObError, OSError) as e:
+            raise self._fail("inspecting", key, e) from None
+        return ObjectMeta(key, int(meta["size"]), meta["last_modified"].timestamp())
 
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"Prefix": self.prefix + prefix}
-            if token:
-                kwargs["ContinuationToken"] = token
-            r = self._call("listing", prefix, self.client.list_objects_v2, **kwargs)
-            for o in r.get("Contents", []):
-                yield ObjectMeta(o["Key"][len(self.prefix):], int(o["Size"]),
-                                 o["LastModified"].timestamp())
-            if not r.get("IsTruncated"):
-                return
-            token = r["NextContinuationToken"]
+        try:
+            found = [ObjectMeta(m["path"], int(m["size"]), m["last_modified"].timestamp())
+                     for batch in obstore.list(self._store, prefix or None) for m in batch]
+        except (_ObError, OSError) as e:
+            raise self._fail("listing", prefix, e) from None
+        found.sort(key=lambda m: m.key)
+        yield from found
 
     def delete(self, key: str) -> None:
-        self._call("deleting", key, self.client.delete_object, Key=self._key(key))
+        try:
+            obstore.delete(self._store, check_key(key))
+        except (_ObNotFound, FileNotFoundError):
+            return
+        except (_ObError, OSError) as e:
+            raise self._fail("deleting", key, e) from None
 
     def open_input(self, key: str, size: int | None = None) -> BinaryIO:
         if size is None:
             size = self.head(key).size
-        return io.BufferedReader(_RangeReader(self, key, size), buffer_size=64 * 1024)
-
-    def create_bucket(self) -> None:
-        """Creates the bucket if it is missing (for tests and first-time set-up)."""
-        try:
-            self.client.create_bucket(Bucket=self.bucket)
-        except ClientError as e:
-            if _code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                raise StoreError(f"creating bucket {self.bucket} failed: {e}") from e
+        return io.BufferedReader(_RangeReader(self, key, size),
+                                 buffer_size=self.options.read_buffer_bytes)
 
 
 class _RangeReader(io.RawIOBase):
-    """A seekable raw reader whose reads are ranged GETs."""
+    """A seekable raw reader whose reads are ranged GETs, so Parquet reads only the footer and
+    the row groups it needs, and store failures keep their types."""
 
     def __init__(self, store: S3Store, key: str, size: int) -> None:
         self._store, self._key, self._size, self._pos = store, key, size, 0
@@ -244,3 +286,18 @@ class _RangeReader(io.RawIOBase):
         buffer[:n] = data
         self._pos += n
         return n
+
+
+def _conflict(e: BaseException) -> bool:
+    return "409 Conflict" in str(e) or "<Code>ConditionalRequestConflict</Code>" in str(e)
+
+
+def _denied(e: BaseException) -> bool:
+    """A 403 that obstore did not type (it types only some requests' refusals)."""
+    text = str(e)
+    return "403 Forbidden" in text or "AccessDenied" in text
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.split("\n", 1)[0][:300]

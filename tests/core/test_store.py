@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -93,3 +94,35 @@ def test_a_local_store_takes_fsync_and_refuses_other_options(tmp_path) -> None:
                           storage_options={"fsync": "true"})
     s.append(rows(0, 4))
     assert lakestream.open(s.uri, storage_options={"fsync": "true"}).num_samples == 4
+
+
+def _open_in_child(uri: str, options: dict[str, str], out: Any) -> None:
+    try:
+        open_store(uri, options).get("x")
+        out.put("opened")
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        out.put(f"{type(e).__name__}: {e}")
+
+
+def test_a_forked_child_of_an_s3_user_is_told_to_spawn(s3_options: dict[str, str]) -> None:
+    # The S3 client's runtime threads do not survive fork(): a child that used it would
+    # hang or crash. It gets a clear error instead (DataLoader workers: use spawn).
+    import multiprocessing as mp
+
+    from tests.conftest import BUCKET
+
+    uri = f"s3://{BUCKET}/forked"
+    open_store(uri, s3_options).put("x", b"1")
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_open_in_child, args=(uri, s3_options, out))
+    child.start()
+    said = out.get(timeout=60)
+    child.join(60)
+    assert said.startswith("LakestreamError") and "spawn" in said, said
+    spawned = mp.get_context("spawn")
+    out2 = spawned.Queue()
+    child = spawned.Process(target=_open_in_child, args=(uri, s3_options, out2))
+    child.start()
+    assert out2.get(timeout=120) == "opened"
+    child.join(60)

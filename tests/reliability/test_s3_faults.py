@@ -1,4 +1,5 @@
-"""Producers and a reader through injected S3 faults: the history stays consistent."""
+"""Producers and a reader through S3 faults injected on the wire: the history stays
+consistent."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import lakestream
 from lakestream.errors import LakestreamError
 from lakestream.producers import Producer, ProducerOptions
 from tests.conftest import BUCKET, SOAK, seeds
+from tests.faultproxy import FaultProxy, RandomFaults
 from tests.helpers import SCHEMA, rows
-from tests.reliability.faults import FaultInjector
 from tests.reliability.history import History, check
 
 B, GROUP = 8, 4
@@ -22,7 +23,7 @@ PRODUCERS = 3
 
 
 def _produce(uri: str, options: dict[str, str], pid: int, history: History,
-             faults: FaultInjector, deadline: float) -> None:
+             faults: FaultProxy, deadline: float) -> None:
     """Writes groups ``pid, pid + PRODUCERS, ...`` with a cursor in the committed state,
     reopening after any failure, as a supervisor would restart a crashed worker."""
     while time.monotonic() < deadline:
@@ -31,7 +32,6 @@ def _produce(uri: str, options: dict[str, str], pid: int, history: History,
                          options=ProducerOptions(max_interval_s=0.2))
         except LakestreamError:
             continue  # the fence itself met a fault: try again
-        faults.attach(p.stream.store.client)  # type: ignore[attr-defined]
         try:
             cursor = p.state["next"] if p.state else 0
             while cursor < GROUPS:
@@ -64,12 +64,11 @@ class _Until:
         self.steps = steps
 
 
-def _read(uri: str, options: dict[str, str], history: History, faults: FaultInjector,
+def _read(uri: str, options: dict[str, str], history: History, faults: FaultProxy,
           until: _Until) -> None:
     """Reads every step in order, both ranks, as steps appear, until it has read
     ``until.steps`` of them: told to stop only once that number is known, never sooner."""
     s = lakestream.open(uri, storage_options=options)
-    faults.attach(s.store.client)  # type: ignore[attr-defined]
     step = 0
     while until.steps is None or step < until.steps:
         if time.monotonic() > until.deadline:
@@ -90,12 +89,19 @@ def _read(uri: str, options: dict[str, str], history: History, faults: FaultInje
 
 @pytest.mark.parametrize("rate", [0.01, 0.05, 0.2])
 @pytest.mark.parametrize("seed", seeds(1, 10))
-def test_faults_lose_and_duplicate_nothing(s3_options: dict[str, str], rate: float, seed: int,
+def test_faults_lose_and_duplicate_nothing(s3_endpoint: str, s3_options: dict[str, str],
+                                           rate: float, seed: int,
                                            tally: Counter[str]) -> None:
     uri = f"s3://{BUCKET}/faults-{rate}-{seed}-{time.time_ns()}"
     lakestream.create(uri, SCHEMA, global_batch_size=B, group_size=GROUP,
                       storage_options=s3_options)
-    faults = FaultInjector(rate, seed)
+    with FaultProxy(s3_endpoint, RandomFaults(rate, seed)) as faults:
+        _run(uri, faults, rate, tally, s3_options)
+
+
+def _run(uri: str, faults: FaultProxy, rate: float, tally: Counter[str],
+         direct: dict[str, str]) -> None:
+    s3_options = faults.options(direct)
     history = History()
     until = _Until()
     reader = threading.Thread(target=_read, args=(uri, s3_options, history, faults, until),
@@ -110,14 +116,14 @@ def test_faults_lose_and_duplicate_nothing(s3_options: dict[str, str], rate: flo
     for w in workers:
         w.join()
     faults.enabled = False
-    steps = lakestream.open(uri, storage_options=s3_options).num_steps
+    steps = lakestream.open(uri, storage_options=direct).num_steps
     assert steps == PRODUCERS * GROUPS * GROUP // B
     until.set(steps, within_s=180)  # generous: only a stuck reader takes this long
     reader.join(timeout=240)
     assert not reader.is_alive(), "the reader is stuck in a store call"
     read = len(history.reads) // 2
     assert len(history.reads) == 2 * steps, f"the reader read {read} of {steps} steps in 180 s"
-    verdict = check(history, uri, s3_options)
+    verdict = check(history, uri, direct)
     assert verdict.violations == [], verdict.violations
     assert verdict.committed == PRODUCERS * GROUPS * GROUP
     tally["s3_faults_injected"] += faults.injected

@@ -1,0 +1,74 @@
+"""Least privilege against the real server: a producer, a trainer and a retention job, each
+with the narrowest grants SeaweedFS can express (tests/s3server.py), do their work, and are
+refused what is not theirs with PermissionDeniedError, leaving the stream unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+import lakestream
+from lakestream.errors import PermissionDeniedError
+from lakestream.producers import Producer
+from lakestream.progress import publish_progress, read_progress
+from lakestream.store import open_store
+from lakestream.verify import verify
+from tests.conftest import BUCKET
+from tests.helpers import SCHEMA, ids, rows
+from tests.s3server import PRODUCER, READER, RETENTION, ROLES_PREFIX, TRAINER, SeaweedS3
+
+URI = f"s3://{BUCKET}/{ROLES_PREFIX}"
+
+
+@pytest.fixture(scope="module")
+def roles(s3_server: SeaweedS3) -> SeaweedS3:
+    lakestream.create(URI, SCHEMA, global_batch_size=4, snapshot_interval=3,
+                      storage_options=s3_server.options())
+    return s3_server
+
+
+def test_each_role_does_its_work_and_no_more(roles: SeaweedS3) -> None:
+    producer, trainer = roles.options(PRODUCER), roles.options(TRAINER)
+    retention, reader = roles.options(RETENTION), roles.options(READER)
+
+    # The producer writes its own data folder and commits to the log.
+    with Producer(URI, "rollout-0", storage_options=producer) as p:
+        for i in range(6):
+            p.write(rows(4 * i, 4), state={"next": i + 1})
+    # ... but not another producer's folder, nor a consumer group's progress.
+    other = Producer(URI, "rollout-1", storage_options=producer)
+    other.write(rows(1000, 4))
+    with pytest.raises(PermissionDeniedError, match="refused"):
+        other.flush()
+    other.abort()
+    with pytest.raises(PermissionDeniedError):
+        publish_progress(open_store(URI, producer), "train", 3)
+
+    # The trainer reads every step, commits a marker and publishes progress ...
+    s = lakestream.open(URI, storage_options=trainer)
+    assert [i for k in range(s.num_steps) for i in ids(s.read_step(k))] == list(range(24))
+    s.mark_checkpoint("train", 4, "ckpt-4")
+    publish_progress(s.store, "train", 4)
+    assert read_progress(s.store, "train").step == 4  # type: ignore[union-attr]
+    # ... but cannot write data, nor delete it.
+    with pytest.raises(PermissionDeniedError):
+        s.append(rows(100, 4))
+    with pytest.raises(PermissionDeniedError):
+        s.store.delete(s.state.fragments[0].path)
+
+    # A read-only identity reads, and a commit is refused at once, not retried for minutes.
+    r = lakestream.open(URI, storage_options=reader)
+    assert r.num_samples == 24
+    with pytest.raises(PermissionDeniedError):
+        r.mark_checkpoint("eval", 1)
+
+    # The retention job reclaims and collects.
+    job = lakestream.open(URI, storage_options=retention)
+    assert job.retain(keep_last=1) is not None
+    report = job.gc(grace_seconds=0, delta_checkpoint=False)
+    assert report.data_files == 4  # the fragments of steps 0-3
+
+    after = lakestream.open(URI, storage_options=reader)
+    assert after.num_samples == 24 and after.state.reclaimed_below == 16
+    assert ids(after.read_step(5)) == [20, 21, 22, 23]
+    assert after.checkpoints("train")[-1].step == 4
+    assert verify(open_store(URI, reader)).problems == []
