@@ -5,7 +5,7 @@ Measured for 1 and 4 producer processes: ingest (samples/s, MB/s of sample paylo
 per GB over producers and server); produce -> visible latency at a fixed moderate rate; the
 time to fetch one rank's slice (32 samples) of a global batch (256); and how fast a consumer
 drains what was written. Lakestream runs on the local store (zstd fragments, and the
-uncompressed fast path) and on a moto S3 endpoint. Kafka cannot run here: no broker
+uncompressed fast path) and on a SeaweedFS S3 server on 127.0.0.1. Kafka cannot run here: no broker
 distribution is reachable from these machines.
 
 Run: bench/setup-peers && bench/setup-env && .venv-bench/bin/python bench/brokers.py
@@ -500,14 +500,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=6.0)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.s3server import s3_options as s3_config
     from tests.s3server import start_s3
 
     for tool in ("redis-server", "nats-server"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is missing: run bench/setup-peers")
-    server, url = start_s3("bench")
-    s3 = s3_config(url)
+    server = start_s3("bench")
+    s3 = server.options()
     versions = {"redis-server": subprocess.run(["redis-server", "--version"], capture_output=True,
                                                text=True).stdout.strip(),
                 "nats-server": subprocess.run(["nats-server", "--version"], capture_output=True,

@@ -1,11 +1,11 @@
 """Producer throughput under injected S3 503 SlowDown replies beside the same producers
 without faults, and how fast they recover once the faults stop.
 
-Each run is one stream on a fresh moto S3 endpoint, written by 3 producer processes flat out
-through three phases of equal length: no faults, then 503s on a share ``rate`` of every
-producer request (injected before the request reaches the endpoint, by the botocore hook of
-``tests/reliability/faults.py``), then no faults again. Both fault-free phases of the same
-run are the baseline, so the endpoint slowing as it fills does not flatter the ratio.
+Each run is one stream on a fresh SeaweedFS server on 127.0.0.1, written by 3 producer
+processes flat out through three phases of equal length: no faults, then 503 SlowDown on a
+share ``rate`` of every producer request (answered by the fault-injecting HTTP proxy of
+``tests/faultproxy.py`` before the request reaches the server, whatever the client library),
+then no faults again. Both fault-free phases of the same run are the baseline.
 Recovery: from the moment faults stop, how long until every producer has committed again,
 and until the producers together are back to 0.8x the baseline over a 1 s window; the
 target is 2x the store's retry backoff cap.
@@ -41,15 +41,10 @@ GROUP, PRODUCERS, RATES = 16, 3, (0.05, 0.20)
 RECOVERED_AT = 0.8  # share of the baseline rate that counts as recovered
 
 
-def _producer(uri: str, options: dict[str, str], k: int, rate: float, start_at: float,
-              phase: float, out: Any) -> None:
-    from tests.reliability.faults import FaultInjector
-
+def _producer(uri: str, options: dict[str, str], k: int, start_at: float, phase: float,
+              out: Any) -> None:
     tables = [payload.rollouts(GROUP, GROUP, seed=100 * k + s) for s in range(8)]
     p = Producer(uri, f"p-{k}", storage_options=options)
-    faults = FaultInjector(rate, seed=k, kinds=("503",))
-    faults.enabled = False
-    faults.attach(p.stream.store.client)
     series: list[tuple[float, int]] = []
     done = threading.Event()
 
@@ -66,18 +61,33 @@ def _producer(uri: str, options: dict[str, str], k: int, rate: float, start_at: 
     sampler.start()
     time.sleep(max(0.0, start_at - time.time()))
     n = 0
+    cpu0 = time.process_time()
     while time.time() < start_at + 3 * phase:
-        now = time.time()
-        faults.enabled = start_at + phase <= now < start_at + 2 * phase
         p.write(tables[n % len(tables)])
         n += 1
-    faults.enabled = False
     p.abort()  # what is not committed by the deadline does not count
     done.set()
     sampler.join()
-    out.put({"producer": k, "series": series, "injected": faults.injected,
-             "commits": p.stats.commits, "attempts": p.stats.attempts,
-             "conflicts": p.stats.conflicts})
+    out.put({"producer": k, "series": series, "commits": p.stats.commits,
+             "attempts": p.stats.attempts, "conflicts": p.stats.conflicts,
+             "cpu_s": time.process_time() - cpu0})
+
+
+class _PhasePolicy:
+    """503 on a share ``rate`` of requests, only between ``lo`` and ``hi`` (wall time)."""
+
+    def __init__(self, rate: float, lo: float, hi: float) -> None:
+        import random
+
+        self.rate, self.lo, self.hi = rate, lo, hi
+        self._rng = random.Random(0)
+        self._lock = threading.Lock()
+
+    def __call__(self, _request: Any) -> str | None:
+        if not self.lo <= time.time() < self.hi:
+            return None
+        with self._lock:
+            return "503" if self._rng.random() < self.rate else None
 
 
 def _rate(runs: list[dict[str, Any]], lo: float, hi: float) -> float:
@@ -91,24 +101,28 @@ def _rate(runs: list[dict[str, Any]], lo: float, hi: float) -> float:
 
 
 def run(rate: float, phase: float) -> dict[str, Any]:
-    from tests.s3server import s3_options, start_s3
+    from tests.faultproxy import FaultProxy
+    from tests.s3server import start_s3
 
-    server, url = start_s3("bench")
+    server = start_s3("bench")
     try:
-        options = s3_options(url)
         uri = f"s3://bench/faults-{rate}"
         lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=256, group_size=GROUP,
-                          storage_options=options)
+                          storage_options=server.options())
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
         start_at = time.time() + 4.0
-        procs = [ctx.Process(target=_producer, args=(uri, options, k, rate, start_at, phase,
-                                                      out)) for k in range(PRODUCERS)]
-        for p in procs:
-            p.start()
-        runs = [out.get(timeout=3 * phase + 120) for _ in procs]
-        for p in procs:
-            p.join()
+        policy = _PhasePolicy(rate, start_at + phase, start_at + 2 * phase)
+        with FaultProxy(server.url, policy) as proxy:
+            options = proxy.options(server.options())
+            procs = [ctx.Process(target=_producer, args=(uri, options, k, start_at, phase, out))
+                     for k in range(PRODUCERS)]
+            for p in procs:
+                p.start()
+            runs = [out.get(timeout=3 * phase + 120) for _ in procs]
+            for p in procs:
+                p.join()
+            injected = proxy.injected
     finally:
         server.stop()
     stop = start_at + 2 * phase
@@ -125,7 +139,7 @@ def run(rate: float, phase: float) -> dict[str, Any]:
                 for t in (start_at + 0.5 * i for i in range(int(6 * phase)))]
     return {"rate": rate, "phase_s": phase, "baseline_samples_per_s": baseline,
             "clean_samples_per_s": clean, "faulty_samples_per_s": faulty,
-            "ratio": faulty / baseline, "injected": sum(r["injected"] for r in runs),
+            "ratio": faulty / baseline, "injected": injected,
             "resumed_s": resumed, "recovered_s": back, "timeline": timeline,
             "per_producer": [[_rate([r], start_at + i * phase, start_at + (i + 1) * phase)
                               for i in range(3)] for r in runs],
@@ -172,9 +186,10 @@ def main() -> None:
     args = parser.parse_args()
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+                    "platform": platform.platform(), "s3": "SeaweedFS 4.48 on 127.0.0.1"},
         "command": "bench/faults.py " + " ".join(sys.argv[1:]), "producers": PRODUCERS,
         "backoff_cap_s": S3Options().backoff_cap_s, "runs": []}
+    # The store retries a 503 up to its backoff cap; recovering within twice that is the goal.
     for rate in RATES:
         r = run(rate, args.phase)
         result["runs"].append(r)

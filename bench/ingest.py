@@ -1,8 +1,9 @@
 """Ingest benchmark: DAC (adaptive) vs per-fragment commits, 1-8 producer processes, local
-store and a moto S3 endpoint, in one run; then throughput while the log grows to 20,000+
-versions.
+store and a real S3 server (SeaweedFS on 127.0.0.1), in one run, with interleaved
+repetitions; a commit-bound run (tiny fragments, 1-16 producers) against the server's
+measured conditional-PUT ceiling; then throughput while the log grows to 20,000+ versions.
 
-Usage: .venv/bin/python bench/ingest.py [--duration 6] [--quick]
+Usage: .venv/bin/python bench/ingest.py [--duration 6] [--reps 3] [--quick] [--no-growth]
 Writes bench/results/ingest.json and bench/results/ingest.png.
 
 Contended regime (what RL rollout writers do): each producer writes small fragments (one
@@ -156,72 +157,140 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.legend()
         ax.grid(alpha=0.3)
-    g = result["growth"]
-    pts = g["points"]
-    rates = [(b["version"], (b["samples"] - a["samples"]) / (b["t"] - a["t"]))
-             for a, b in zip(pts, pts[1:], strict=False) if b["t"] > a["t"]]
-    axes[2].plot([v for v, _ in rates], [r for _, r in rates], lw=0.8)
-    axes[2].set_title(f"log growth, {g['producers']} producers (local): samples/s")
-    axes[2].set_xlabel("log version")
+    for policy, style in (("adaptive", "o-"), ("per-fragment", "s--")):
+        rows = [r for r in result["commit_bound"] if r["policy"] == policy]
+        axes[2].plot([r["producers"] for r in rows],
+                     [r["commits"] / r["window_s"] for r in rows], style,
+                     label=f"{policy} commits/s")
+    for threads, ceiling in result["put_ceiling_per_s"].items():
+        axes[2].axhline(ceiling, ls=":", lw=0.8, color="grey")
+        axes[2].annotate(f"PUT ceiling, {threads} threads", (1, ceiling), fontsize=7)
+    axes[2].set_title("commit-bound (tiny fragments), S3: whole-stream commits/s")
+    axes[2].set_xlabel("producer processes")
+    axes[2].set_xscale("log", base=2)
+    axes[2].legend()
     axes[2].grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def put_ceiling(options: dict[str, str], threads: int, duration: float) -> float:
+    """Conditional PUTs/s of small unique keys the server sustains from ``threads`` threads
+    of one process: the ceiling a commit-bound stream can approach."""
+    import threading
+
+    from lakestream.store import open_store
+
+    store = open_store(f"s3://bench/ceiling-{time.time_ns()}", options)
+    counts = [0] * threads
+    stop = time.monotonic() + duration
+
+    def work(k: int) -> None:
+        while time.monotonic() < stop:
+            store.put(f"k/{k}-{counts[k]}", b"x" * 600, mode="create")
+            counts[k] += 1
+
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(counts) / duration
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def _summary(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median repetition's figures (by samples/s), with every repetition kept."""
+    ordered = sorted(reps, key=lambda r: r["samples_per_s"])
+    return {**ordered[len(ordered) // 2], "reps": reps}
+
+
+def scaling(root: str, server: Any, stores: list[str], producers: list[int], reps: int,
+            duration: float, tiny: bool, label: str) -> list[dict[str, Any]]:
+    """Every (store, producers, policy) ``reps`` times, interleaved: repetition r of every
+    configuration runs before repetition r + 1 of any, so drift hits all alike."""
+    runs: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for rep in range(reps):
+        for store in stores:
+            for n in producers:
+                for policy in ("adaptive", "per-fragment"):
+                    name = f"{label}-{store}-{n}-{policy}-{rep}"
+                    uri = f"{root}/{name}" if store == "local" else f"s3://bench/{name}"
+                    opts = None if store == "local" else server.options()
+                    r = run(uri, opts, n, policy, duration, tiny=tiny)
+                    r["store"] = store
+                    runs.setdefault((store, n, policy), []).append(r)
+                    print(f"{label} rep {rep} {store:5} {n:2} producers {policy:12} "
+                          f"{r['samples_per_s']:8.0f} samples/s {r['mb_per_s']:7.1f} MB/s "
+                          f"commits {r['commits']:5} ({r['commits'] / duration:6.1f}/s) "
+                          f"conflicts {100 * r['conflict_ratio']:4.1f}% "
+                          f"{r['fragments_per_commit']:.1f} frags/commit "
+                          f"{r['producer_cpu_s_per_gb']:.1f} CPU-s/GB", flush=True)
+    return [_summary(rs) for rs in runs.values()]
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """adaptive / per-fragment samples/s per (store, producers): the median of the
+    per-repetition ratios, and their min and max."""
+    out = {}
+    for a in (r for r in rows if r["policy"] == "adaptive"):
+        f = next(r for r in rows if r["policy"] == "per-fragment" and r["store"] == a["store"]
+                 and r["producers"] == a["producers"])
+        each = [x["samples_per_s"] / y["samples_per_s"]
+                for x, y in zip(a["reps"], f["reps"], strict=True) if y["samples_per_s"]]
+        out[f"{a['store']}-{a['producers']}"] = {"median": _median(each), "min": min(each),
+                                                 "max": max(each)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--duration", type=float, default=6.0)
+    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--producers", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--commit-bound-producers", type=int, nargs="+",
+                        default=[1, 2, 4, 8, 16])
     parser.add_argument("--growth-versions", type=int, default=20_000)
+    parser.add_argument("--no-growth", action="store_true")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 s, 1 and 8")
     args = parser.parse_args()
     if args.quick:
-        args.duration, args.producers, args.growth_versions = 2.0, [1, 8], 2_000
+        args.duration, args.producers, args.growth_versions, args.reps = 2.0, [1, 8], 2_000, 1
+        args.commit_bound_producers = [1, 8]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.s3server import s3_options as s3_config
     from tests.s3server import start_s3
 
-    server, url = start_s3("bench")
+    server = start_s3("bench")
     machine = {"cpus": os.cpu_count(), "python": platform.python_version(),
-               "platform": platform.platform()}
+               "platform": platform.platform(), "s3": "SeaweedFS 4.48 on 127.0.0.1"}
     result: dict[str, Any] = {"machine": machine,
                               "command": " ".join(["bench/ingest.py", *sys.argv[1:]]),
-                              "scaling": []}
+                              "reps": args.reps}
     try:
         with tempfile.TemporaryDirectory() as root:
-            for store in ("local", "s3"):
-                for n in args.producers:
-                    for policy in ("adaptive", "per-fragment"):
-                        name = f"{store}-{n}-{policy}"
-                        uri = f"{root}/{name}" if store == "local" else f"s3://bench/{name}"
-                        if store == "s3":  # a fresh endpoint: moto slows as it fills up
-                            server.stop()
-                            server, url = start_s3("bench")
-                        opts = None if store == "local" else s3_config(url)
-                        r = run(uri, opts, n, policy, args.duration)
-                        r["store"] = store
-                        result["scaling"].append(r)
-                        print(f"{store:5} {n} producers {policy:12} {r['samples_per_s']:8.0f} "
-                              f"samples/s {r['mb_per_s']:7.1f} MB/s  commits {r['commits']:5} "
-                              f"conflicts {100 * r['conflict_ratio']:4.1f}%  "
-                              f"{r['fragments_per_commit']:.1f} frags/commit", flush=True)
-            result["growth"] = growth(root, args.growth_versions, 4)
+            result["scaling"] = scaling(root, server, ["local", "s3"], args.producers,
+                                        args.reps, args.duration, False, "scaling")
+            result["put_ceiling_per_s"] = {
+                str(t): put_ceiling(server.options(), t, 4.0) for t in (1, 8, 16)}
+            print("conditional PUT ceiling/s:", result["put_ceiling_per_s"], flush=True)
+            result["commit_bound"] = scaling(root, server, ["s3"], args.commit_bound_producers,
+                                             args.reps, args.duration, True, "commit-bound")
+            if not args.no_growth:
+                result["growth"] = growth(root, args.growth_versions, 4)
     finally:
         server.stop()
-    g = result["growth"]
-    print(f"growth to {g['versions']} versions: first 10% {g['first_10pct_samples_per_s']:.0f} "
-          f"samples/s, last 10% {g['last_10pct_samples_per_s']:.0f} "
-          f"(ratio {g['ratio_last_to_first']:.2f}); by tenth of the run: "
-          f"{[round(x) for x in g['decile_samples_per_s']]}")
-    ratios = {}
-    for store in ("local", "s3"):
-        for n in args.producers:
-            a, f = (next(r for r in result["scaling"] if r["store"] == store
-                         and r["producers"] == n and r["policy"] == p)
-                    for p in ("adaptive", "per-fragment"))
-            ratios[f"{store}-{n}"] = a["samples_per_s"] / f["samples_per_s"]
-    result["adaptive_over_per_fragment"] = ratios
-    print("adaptive / per-fragment:", {k: round(v, 2) for k, v in ratios.items()})
+    result["adaptive_over_per_fragment"] = ratios(result["scaling"])
+    result["commit_bound_adaptive_over_per_fragment"] = ratios(result["commit_bound"])
+    print("adaptive / per-fragment:", json.dumps(result["adaptive_over_per_fragment"]))
+    print("commit-bound:", json.dumps(result["commit_bound_adaptive_over_per_fragment"]))
+    g = result.get("growth")
+    if g:
+        print(f"growth to {g['versions']} versions: first 10% "
+              f"{g['first_10pct_samples_per_s']:.0f} samples/s, last 10% "
+              f"{g['last_10pct_samples_per_s']:.0f} (ratio {g['ratio_last_to_first']:.2f})")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "ingest.json").write_text(json.dumps(result, indent=1))
     plot(result, RESULTS / "ingest.png")

@@ -4,7 +4,7 @@
 (b) a colocated map-style Dataset reading and decoding the same Parquet files;
 (c) MosaicML Streaming over the same samples written with ``MDSWriter``;
 each with ``num_workers`` 0 and 2, all producing the same padded tensors per global batch;
-then Lakestream's step read latency on the local store and on a moto S3 endpoint.
+then Lakestream's step read latency on the local store and on a SeaweedFS S3 server.
 
 Usage: bench/setup-env && .venv-bench/bin/python bench/loader.py [--samples 16384]
 Writes bench/results/loader.json and bench/results/loader.png.
@@ -181,11 +181,11 @@ def main() -> None:
                       f"{r['mb_per_s']:7.1f} MB/s", flush=True)
         result["latency"] = {"local": _latency(s)}
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from tests.s3server import s3_options, start_s3
+        from tests.s3server import start_s3
 
-        server, url = start_s3("bench-loader")
+        server = start_s3("bench-loader")
         try:
-            remote = build(root, min(args.samples, 2048), s3_options(url),
+            remote = build(root, min(args.samples, 2048), server.options(),
                            uri="s3://bench-loader/stream")
             result["latency"]["s3"] = _latency(remote)
         finally:

@@ -58,8 +58,8 @@ def main() -> None:
         "checked afterwards: nothing acknowledged lost, nothing twice, failed writes absent, "
         "readers agree and never go back, versions gapless, per-producer seqs without gaps. "
         "`test_history.py` shows it catching each kind of violation.",
-        "- `test_s3_faults.py`: 3 producers and a reader through a botocore hook injecting "
-        "503, 500, 409, resets, lost replies and slow replies in front of a moto endpoint.",
+        "- `test_s3_faults.py`: 3 producers and a reader through an HTTP proxy in front of a "
+        "SeaweedFS server, injecting 503, 500, 409, resets, lost replies and slow replies.",
         "- `tests/producers/test_crash.py`: 3 producer processes SIGKILLed at each failpoint, "
         "on the local store and on S3, then restarted until done.",
         "- `test_corruption_fuzz.py`: bit flips, truncations and emptied objects in log "
