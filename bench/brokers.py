@@ -513,7 +513,7 @@ def main() -> None:
                                               text=True).stdout.strip()}
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+                    "platform": platform.platform(), "s3": "SeaweedFS 4.48 on 127.0.0.1"},
         "versions": versions, "command": "bench/brokers.py " + " ".join(sys.argv[1:]),
         "sample_bytes": float(np.mean([len(m) for m in encode(payload.rollouts(256, GROUP))])),
         "ingest": [], "latency": [], "consume": []}

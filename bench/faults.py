@@ -119,7 +119,7 @@ def run(rate: float, phase: float) -> dict[str, Any]:
                      for k in range(PRODUCERS)]
             for p in procs:
                 p.start()
-            runs = [out.get(timeout=3 * phase + 120) for _ in procs]
+            runs = [out.get(timeout=3 * phase + 300) for _ in procs]
             for p in procs:
                 p.join()
             injected = proxy.injected
@@ -145,6 +145,39 @@ def run(rate: float, phase: float) -> dict[str, Any]:
                               for i in range(3)] for r in runs],
             "conflicts": sum(r["conflicts"] for r in runs),
             "attempts": sum(r["attempts"] for r in runs)}
+
+
+def fairness(phase: float) -> dict[str, list[int]]:
+    """Fragments each producer committed in one fault-free phase, straight to the server and
+    through the proxy with no faults: what the proxy itself does to the producers."""
+    from tests.faultproxy import FaultProxy
+    from tests.s3server import start_s3
+
+    server = start_s3("bench")
+    shares: dict[str, list[int]] = {}
+    try:
+        for via in ("direct", "proxy"):
+            proxy = FaultProxy(server.url) if via == "proxy" else None
+            options = proxy.options(server.options()) if proxy else server.options()
+            uri = f"s3://bench/fairness-{via}"
+            lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=256,
+                              group_size=GROUP, storage_options=options)
+            ctx = mp.get_context("spawn")
+            out = ctx.Queue()
+            start_at = time.time() + 4.0
+            procs = [ctx.Process(target=_producer, args=(uri, options, k, start_at, phase / 3,
+                                                          out)) for k in range(PRODUCERS)]
+            for p in procs:
+                p.start()
+            runs = [out.get(timeout=phase + 300) for _ in procs]
+            for p in procs:
+                p.join()
+            if proxy is not None:
+                proxy.stop()
+            shares[via] = sorted(r["series"][-1][1] if r["series"] else 0 for r in runs)
+    finally:
+        server.stop()
+    return shares
 
 
 def _slowest(run: dict[str, Any]) -> float | None:
@@ -198,6 +231,9 @@ def main() -> None:
               f"{r['injected']} injected; once they stopped, throughput back to "
               f"{RECOVERED_AT}x in {_seconds(r['recovered_s'])}, every producer committed "
               f"again in {_seconds(_slowest(r))}", flush=True)
+    result["fairness_fragments"] = fairness(args.phase)
+    print("fragments per producer, fault-free, straight to the server vs through the proxy:",
+          result["fairness_fragments"], flush=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "faults.json").write_text(json.dumps(result, indent=1))
     plot(result, RESULTS / "faults.png")
