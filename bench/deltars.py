@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import payload
+from spawn import run_workers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUP = 16
@@ -86,16 +87,9 @@ def _create(system: str, uri: str) -> None:
 def run(system: str, writers: int, rows: int, duration: float, root: str) -> dict[str, Any]:
     uri = f"{root}/{system}-{writers}-{rows}"
     _create(system, uri)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
     start_at = time.time() + 3.0 + 0.4 * writers
-    procs = [ctx.Process(target=_writer, args=(system, uri, k, rows, start_at, duration, 0,
-                                               out)) for k in range(writers)]
-    for p in procs:
-        p.start()
-    res = [out.get(timeout=duration + 120) for _ in procs]
-    for p in procs:
-        p.join()
+    res = run_workers(_writer, [(system, uri, k, rows, start_at, duration, 0)
+                                for k in range(writers)], duration + 120)
     nb = sum(r["bytes"] for r in res)
     return {"system": system, "writers": writers, "rows": rows,
             "samples_per_s": sum(r["samples"] for r in res) / duration,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import platform
 import sys
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import payload  # noqa: E402
+from spawn import run_workers  # noqa: E402
 
 import lakestream  # noqa: E402
 from lakestream.producers import Producer  # noqa: E402
@@ -109,19 +109,12 @@ def run(rate: float, phase: float) -> dict[str, Any]:
         uri = f"s3://bench/faults-{rate}"
         lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=256, group_size=GROUP,
                           storage_options=server.options())
-        ctx = mp.get_context("spawn")
-        out = ctx.Queue()
         start_at = time.time() + 4.0
         policy = _PhasePolicy(rate, start_at + phase, start_at + 2 * phase)
         with FaultProxy(server.url, policy) as proxy:
             options = proxy.options(server.options())
-            procs = [ctx.Process(target=_producer, args=(uri, options, k, start_at, phase, out))
-                     for k in range(PRODUCERS)]
-            for p in procs:
-                p.start()
-            runs = [out.get(timeout=3 * phase + 300) for _ in procs]
-            for p in procs:
-                p.join()
+            runs = run_workers(_producer, [(uri, options, k, start_at, phase)
+                                           for k in range(PRODUCERS)], 3 * phase + 300)
             injected = proxy.injected
     finally:
         server.stop()
@@ -162,16 +155,9 @@ def fairness(phase: float) -> dict[str, list[int]]:
             uri = f"s3://bench/fairness-{via}"
             lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=256,
                               group_size=GROUP, storage_options=options)
-            ctx = mp.get_context("spawn")
-            out = ctx.Queue()
             start_at = time.time() + 4.0
-            procs = [ctx.Process(target=_producer, args=(uri, options, k, start_at, phase / 3,
-                                                          out)) for k in range(PRODUCERS)]
-            for p in procs:
-                p.start()
-            runs = [out.get(timeout=phase + 300) for _ in procs]
-            for p in procs:
-                p.join()
+            runs = run_workers(_producer, [(uri, options, k, start_at, phase / 3)
+                                           for k in range(PRODUCERS)], phase + 300)
             if proxy is not None:
                 proxy.stop()
             shares[via] = sorted(r["series"][-1][1] if r["series"] else 0 for r in runs)
