@@ -53,7 +53,8 @@ from lakestream.errors import (
 from lakestream.store.base import ObjectMeta, PutMode, check_key
 
 # Lakestream's own keys in storage_options, beside the object_store ones.
-_OWN_KEYS = {"lakestream_max_retries", "lakestream_read_buffer_bytes"}
+_OWN_KEYS = {"lakestream_max_retries", "lakestream_read_buffer_bytes",
+             "lakestream_request_timeout_s"}
 _PROFILE_KEYS = ("aws_profile", "profile")
 
 _OWNER_PID: int | None = None
@@ -91,7 +92,8 @@ class S3Options:
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 30.0
     """A whole request, reply included: a connection that never answers is retried, never
-    waited on for ever."""
+    waited on for ever. Large uploads go in parts; raise it for slow links
+    (``LAKESTREAM_REQUEST_TIMEOUT_S``)."""
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.read_buffer_bytes < 1:
@@ -108,21 +110,24 @@ class S3Options:
         Raises:
             ValueError: a value of Lakestream's own keys is not a number.
         """
-        given = {str(k).lower(): str(v) for k, v in (options or {}).items()}
-        own = {k: given.pop(k) for k in list(given) if k in _OWN_KEYS}
+        given = {str(k): str(v) for k, v in (options or {}).items()}
+        own = {k.lower(): given.pop(k) for k in list(given) if k.lower() in _OWN_KEYS}
         try:
             retries = int(own.get("lakestream_max_retries", 8))
             buffer = int(own.get("lakestream_read_buffer_bytes", 1 << 20))
+            timeout = float(own.get("lakestream_request_timeout_s", 30.0))
         except ValueError as e:
             raise ValueError(f"storage option: {e}") from None
-        return cls(tuple(sorted(given.items())), max_retries=retries, read_buffer_bytes=buffer)
+        return cls(tuple(sorted(given.items())), max_retries=retries, read_buffer_bytes=buffer,
+                   request_timeout_s=timeout)
 
 
 def _profile_credentials(config: dict[str, str]) -> tuple[dict[str, str], Any]:
     """The profile's region and a credential provider, if a profile is named."""
-    profile = next((config.pop(k) for k in _PROFILE_KEYS if k in config), None)
+    lower = {k.lower(): k for k in config}
+    profile = next((config.pop(lower[k]) for k in _PROFILE_KEYS if k in lower), None)
     profile = profile or os.environ.get("AWS_PROFILE")
-    if not profile or "aws_access_key_id" in config or "access_key_id" in config:
+    if not profile or {"aws_access_key_id", "access_key_id"} & set(lower):
         return config, None
     try:
         import boto3
@@ -130,7 +135,7 @@ def _profile_credentials(config: dict[str, str]) -> tuple[dict[str, str], Any]:
     except ImportError as e:
         raise LakestreamError(f"AWS profile {profile!r} needs boto3: pip install boto3") from e
     session = boto3.Session(profile_name=profile)
-    if session.region_name and not {"aws_region", "region"} & set(config) \
+    if session.region_name and not {"aws_region", "region"} & set(lower) \
             and not os.environ.get("AWS_REGION") and not os.environ.get("AWS_DEFAULT_REGION"):
         config["aws_region"] = session.region_name
     return config, Boto3CredentialProvider(session)
@@ -156,9 +161,10 @@ class S3Store:
         o = self.options
         config, provider = _profile_credentials(dict(o.config))
         retry: Any = {"max_retries": o.max_retries,
-                 "retry_timeout": timedelta(seconds=o.retry_timeout_s),
-                 "backoff": {"init_backoff": timedelta(seconds=o.backoff_init_s),
-                             "max_backoff": timedelta(seconds=o.backoff_cap_s), "base": 2}}
+                      "retry_timeout": timedelta(seconds=o.retry_timeout_s),
+                      "backoff": {"init_backoff": timedelta(seconds=o.backoff_init_s),
+                                  "max_backoff": timedelta(seconds=o.backoff_cap_s),
+                                  "base": 2}}
         try:
             client: Any = {"connect_timeout": timedelta(seconds=o.connect_timeout_s),
                            "timeout": timedelta(seconds=o.request_timeout_s)}
@@ -166,7 +172,8 @@ class S3Store:
                                      client_options=client, retry_config=retry,
                                      credential_provider=provider)
         except _ObUnknownKey as e:
-            key = str(e).split("'")[1] if "'" in str(e) else str(e)
+            named = str(e).split("'")[1] if "'" in str(e) else str(e)
+            key = next((k for k in config if k.lower() == named.lower()), named)
             raise ValueError(f"storage option {key!r} is not an S3 option (deltalake's keys: "
                              "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
                              "AWS_SESSION_TOKEN, AWS_REGION, AWS_ALLOW_HTTP, ...)") from None

@@ -126,3 +126,14 @@ def test_a_forked_child_of_an_s3_user_is_told_to_spawn(s3_options: dict[str, str
     child.start()
     assert out2.get(timeout=120) == "opened"
     child.join(60)
+
+
+def test_an_unknown_s3_option_is_named(s3_options: dict[str, str]) -> None:
+    from tests.conftest import BUCKET
+
+    with pytest.raises(ValueError, match="'AWS_ENDPONT_URL' is not an S3 option"):
+        open_store(f"s3://{BUCKET}/typo", {**s3_options, "AWS_ENDPONT_URL": "http://x"})
+    with pytest.raises(ValueError, match="storage option"):
+        open_store(f"s3://{BUCKET}/typo", {**s3_options, "LAKESTREAM_MAX_RETRIES": "many"})
+    assert open_store(f"s3://{BUCKET}/ok", {**s3_options, "LAKESTREAM_MAX_RETRIES": "2",
+                                            "lakestream_request_timeout_s": "60"}) is not None
