@@ -268,9 +268,14 @@ def delta_protocol(schema: pa.Schema) -> dict[str, Any]:
             "readerFeatures": features, "writerFeatures": list(features)}
 
 
-def _check_state(state: Any) -> None:
-    """Raises ValueError if ``state`` would serialise to a NaN or Infinity token: Python's
-    json writes them, but they are not JSON and other Delta readers reject the entry."""
+def check_state(state: Any) -> None:
+    """Checks that ``state`` can be an entry's state: strict JSON.
+
+    Raises:
+        ValueError: it holds NaN or Infinity; Python's json writes those tokens, but they
+            are not JSON and other Delta readers reject the entry.
+        TypeError: it is not JSON-serialisable at all.
+    """
     try:
         json.dumps(state, allow_nan=False)
     except ValueError as e:
@@ -279,6 +284,8 @@ def _check_state(state: Any) -> None:
             "would reject the log entry: replace them (with None or a string, say) before "
             "committing"
         ) from None
+    except TypeError as e:
+        raise TypeError(f"entry state must be JSON-serialisable: {e}") from None
 
 
 def encode_entry(entry: Entry) -> bytes:
@@ -297,7 +304,7 @@ def encode_entry(entry: Entry) -> bytes:
         actions = [{"protocol": delta_protocol(entry.meta.schema)},
                    {"metaData": entry.meta.to_json()}]
     elif isinstance(entry, Append):
-        _check_state(entry.state)
+        check_state(entry.state)
         info.update(op="append", producer=entry.producer, epoch=entry.epoch,
                     seq=[entry.first_seq, entry.last_seq], state=entry.state)
         actions = [_add(f, now) for f in entry.fragments]

@@ -3,7 +3,6 @@ needs, then garbage-collect files, old log entries and snapshots after a grace p
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from lakestream.replay import ReplayState
 from lakestream.snapshot import (
     INDEX_DIR,
     SNAPSHOT_DIR,
+    read_version_pointer,
     snapshot_key,
     snapshot_segments,
     snapshot_version,
@@ -246,10 +246,8 @@ def _last_delta_checkpoint(store: ObjectStore) -> int | None:
     """The version ``_delta_log/_last_checkpoint`` names, or None if it is missing or
     unreadable (then nothing of the Delta log may go)."""
     try:
-        info = json.loads(store.get(LAST_CHECKPOINT_KEY))
-        version = info["version"]
-        return version if isinstance(version, int) and version >= 0 else None
-    except (NotFoundError, StoreError, ValueError, KeyError, TypeError):
+        return read_version_pointer(store, LAST_CHECKPOINT_KEY)
+    except StoreError:
         return None
 
 

@@ -255,15 +255,24 @@ def _exists(store: ObjectStore, key: str) -> bool:
         return False
 
 
-def read_hint(store: ObjectStore) -> int | None:
-    """The version the hint names, or None if it is missing, torn or foreign."""
+def read_version_pointer(store: ObjectStore, key: str) -> int | None:
+    """The version a pointer object (``{"version": v, ...}``, overwritten in place) names, or
+    None if it is missing, torn or foreign.
+
+    Raises:
+        StoreError: the store failed.
+    """
     try:
-        v = json.loads(store.get(HINT_KEY))["version"]
-        return int(v) if isinstance(v, int) and v >= 0 else None
-    except NotFoundError:
+        v = json.loads(store.get(key))["version"]
+        return v if isinstance(v, int) and v >= 0 else None
+    except (NotFoundError, ValueError, KeyError, TypeError):
         return None
-    except (ValueError, KeyError, TypeError):
-        return None  # a torn or foreign hint is only a hint: probe instead
+
+
+def read_hint(store: ObjectStore) -> int | None:
+    """The version the hint names, or None if it is unusable (a hint is only a hint: the
+    opener probes instead)."""
+    return read_version_pointer(store, HINT_KEY)
 
 
 def _latest_snapshot(store: ObjectStore, known: int, interval: int) -> int:

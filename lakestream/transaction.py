@@ -198,16 +198,14 @@ class Transaction:
         except StoreError:
             pass  # only an optimisation: the put finds out
         except CorruptLogError as e:
-            return Rejected(e, state)
+            return self._refused(e, unknown)
         while attempt < o.max_attempts:
             attempt += 1
             t_attempt = time.monotonic()
             try:
                 entry = self.build(state, self.commit_id)
             except LakestreamError as e:
-                if unknown:
-                    return self._unknown(e)
-                return Rejected(e, state)
+                return self._refused(e, unknown)
             if entry is None:
                 return Nothing(state)
             version = state.version + 1
@@ -230,7 +228,7 @@ class Transaction:
             except CorruptLogError as e:
                 # Something that is not our entry holds the version, and nothing can be
                 # committed after it until it is repaired.
-                return self._unknown(e) if unknown else Rejected(e, state)
+                return self._refused(e, unknown)
             if winner is not None and winner.commit_id == self.commit_id:
                 return self._landed(version, winner, attempt, conflicts, t0, t_attempt)
             if winner is not None:
@@ -238,7 +236,7 @@ class Transaction:
                 try:
                     state.apply(version, winner)
                 except CorruptLogError as e:
-                    return self._unknown(e) if unknown else Rejected(e, state)
+                    return self._refused(e, unknown)
                 unknown = False  # the version we tried is taken by another: ours is not there
                 # Back off first, then catch up: after sleeping the head has moved again,
                 # and a put built on the view from before the sleep would lose for certain.
@@ -248,7 +246,7 @@ class Transaction:
                 except StoreError:
                     failures += 1
                 except CorruptLogError as e:
-                    return Rejected(e, state)
+                    return self._refused(e, unknown)
             else:
                 failures += 1
                 self._backoff(failures)
@@ -260,6 +258,10 @@ class Transaction:
             f"commit {self.commit_id} to {store.uri} lost {conflicts} races and failed "
             f"{failures} times in {attempt} attempts and {time.monotonic() - t0:.1f}s; "
             "nothing was committed"), state)
+
+    def _refused(self, error: LakestreamError, unknown: bool) -> Rejected | Unknown:
+        """Refused, definitely, unless an earlier attempt's outcome is still unknown."""
+        return self._unknown(error) if unknown else Rejected(error, self.state)
 
     def _unknown(self, cause: LakestreamError | None) -> Unknown:
         error = CommitStateUnknownError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -18,7 +17,7 @@ import pyarrow.compute as pc
 from lakestream.errors import LakestreamError
 from lakestream.failpoints import failpoint
 from lakestream.fragment import encode_fragment, fragment_key, put_fragment
-from lakestream.log import Entry, Fence, check_producer_id
+from lakestream.log import Entry, Fence, check_producer_id, check_state
 from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
 from lakestream.progress import check_group, read_progress
@@ -207,7 +206,7 @@ class Producer:
                              f"{largest} bytes, over max_sample_bytes="
                              f"{self.options.max_sample_bytes}; drop or truncate it")
         if state is not None:
-            _check_json(state)
+            check_state(state)  # before anything is uploaded
         if not self._admitted:
             self.wait_for_lag()
         self._admitted = False
@@ -368,15 +367,6 @@ class Producer:
             time.sleep(poll)
         self.stats.add(lag_wait_s=time.monotonic() - t0)
         self._admitted = True
-
-
-def _check_json(state: Any) -> None:
-    try:
-        json.dumps(state, allow_nan=False)
-    except ValueError as e:  # NaN and Infinity are not JSON: other Delta readers reject them
-        raise ValueError(f"producer state must be JSON without NaN or Infinity: {e}") from None
-    except TypeError as e:
-        raise TypeError(f"producer state must be JSON-serialisable: {e}") from None
 
 
 
