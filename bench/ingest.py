@@ -1,9 +1,11 @@
 """Ingest benchmark: DAC (adaptive) vs per-fragment commits, 1-8 producer processes, local
 store and a real S3 server (SeaweedFS on 127.0.0.1), in one run, with interleaved
-repetitions; a commit-bound run (tiny fragments, 1-16 producers) against the server's
-measured conditional-PUT ceiling; then throughput while the log grows to 20,000+ versions.
+repetitions; a commit-bound run (tiny fragments, 1-16 producers, 20 s each) against the
+server's measured conditional-PUT ceiling; then throughput while the log grows to 20,000+
+versions.
 
-Usage: .venv/bin/python bench/ingest.py [--duration 6] [--reps 3] [--quick] [--no-growth]
+Usage: .venv/bin/python bench/ingest.py [--duration 6] [--commit-bound-duration 20] [--reps 3]
+       [--quick] [--no-growth]
 Writes bench/results/ingest.json and bench/results/ingest.png.
 
 Contended regime (what RL rollout writers do): each producer writes small fragments (one
@@ -251,6 +253,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=6.0)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--producers", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--commit-bound-duration", type=float, default=20.0,
+                        help="long enough for DAC to settle: at 8 producers its interval "
+                             "takes ~10 s to reach the seconds contention calls for")
     parser.add_argument("--commit-bound-producers", type=int, nargs="+",
                         default=[1, 2, 4, 8, 16])
     parser.add_argument("--growth-versions", type=int, default=20_000)
@@ -259,6 +264,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.duration, args.producers, args.growth_versions, args.reps = 2.0, [1, 8], 2_000, 1
+        args.commit_bound_duration = 2.0
         args.commit_bound_producers = [1, 8]
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.s3server import start_s3
@@ -277,7 +283,8 @@ def main() -> None:
                 str(t): put_ceiling(server.options(), t, 4.0) for t in (1, 8, 16)}
             print("conditional PUT ceiling/s:", result["put_ceiling_per_s"], flush=True)
             result["commit_bound"] = scaling(root, server, ["s3"], args.commit_bound_producers,
-                                             args.reps, args.duration, True, "commit-bound")
+                                             args.reps, args.commit_bound_duration, True,
+                                             "commit-bound")
             if not args.no_growth:
                 result["growth"] = growth(root, args.growth_versions, 4)
     finally:

@@ -93,6 +93,8 @@ def _ingest_section(ingest: dict[str, Any]) -> list[str]:
     if bound:
         ceiling = ingest["put_ceiling_per_s"]
         out += ["### Commit-bound: tiny fragments (16 samples of 16-48 tokens)", "",
+                f"Each run lasts {bound[0]['window_s']:.0f} s: long enough for DAC's interval "
+                "to settle (at 8 producers it grows for about 10 s).", "",
                 "The server's conditional-PUT ceiling, small unique keys from one process: "
                 + ", ".join(f"{t} threads {v:.0f}/s" for t, v in ceiling.items()) + ".", "",
                 "| producers | policy | whole-stream commits/s | samples/s | conflicts | "

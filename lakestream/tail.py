@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from lakestream.errors import NotFoundError
 from lakestream.log import Entry, decode_entry, log_key
@@ -36,28 +37,43 @@ def entry_or_none(store: ObjectStore, version: int) -> Entry | None:
 def read_tail(store: ObjectStore, state: ReplayState) -> ReplayState:
     """Folds every entry after ``state.version`` into ``state``, until one is absent.
 
+    Raises:
+        CorruptLogError: an entry cannot be parsed or replayed.
+        StoreError: the store failed (``state`` holds what was folded before).
+    """
+    catch_up(store, state)
+    return state
+
+
+def catch_up(store: ObjectStore, state: ReplayState) -> float:
+    """``read_tail``, returning when the read that found the head absent was sent
+    (``time.monotonic()``): from then on ``state`` may be overtaken.
+
     At the head this is one GET that finds nothing. Behind it, while reads wait on the
     store (a round takes over ``SLOW_ROUND_S``), each round reads twice as many entries at
     once as the last, up to ``TAIL_WIDTH``: read one at a time, a reader far behind could
     not reach a head that others move on as fast as it reads (a producer spent 9 s in one
-    commit that way). Reads that are fast (a local disk) stay one at a time, where handing
+    commit that way). A round ends at the first absent version, without waiting for the
+    reads past it. Reads that are fast (a local disk) stay one at a time, where handing
     them to threads would cost more than the reads.
-
-    Raises:
-        CorruptLogError: an entry cannot be parsed or replayed.
-        StoreError: the store failed (``state`` holds what was folded before).
     """
     width = 1
     while True:
         first, t0 = state.version + 1, time.monotonic()
         if width == 1:
-            entries = [entry_or_none(store, first)]
+            entries: Iterable[Entry | None] = [entry_or_none(store, first)]
         else:
-            entries = list(shared_pool().map(lambda v: entry_or_none(store, v),
-                                             range(first, first + width)))
-        for offset, entry in enumerate(entries):
-            if entry is None:
-                return state
-            state.apply(first + offset, entry)
+            futures = [shared_pool().submit(entry_or_none, store, v)
+                       for v in range(first, first + width)]
+            entries = (f.result() for f in futures)
+        try:
+            for offset, entry in enumerate(entries):
+                if entry is None:
+                    return t0
+                state.apply(first + offset, entry)
+        finally:
+            if width > 1:
+                for f in futures:
+                    f.cancel()
         if time.monotonic() - t0 > SLOW_ROUND_S:
             width = min(2 * width, TAIL_WIDTH)

@@ -31,7 +31,7 @@ from lakestream.log import Entry, encode_entry, log_key, new_commit_id
 from lakestream.replay import ReplayState
 from lakestream.snapshot import write_snapshot
 from lakestream.store.base import ObjectStore
-from lakestream.tail import read_entry, read_tail
+from lakestream.tail import catch_up, read_entry
 
 log = logging.getLogger("lakestream")
 
@@ -70,9 +70,10 @@ class CommitResult:
     latency_s: float
     """From the call to the entry landing: waits, lost races and catching up included."""
     window_s: float
-    """The landing attempt alone, from the state it was built on to the put: how long the
-    commit was exposed to a race. Catching up is excluded: it grows with how long the
-    caller waited, not with contention."""
+    """The landing attempt alone, from the read that found the head (or, without one, from
+    building the entry) to the put: how long the commit was exposed to a race. The rest of
+    catching up is excluded: it grows with how long the caller waited, not with
+    contention."""
     post_commit_errors: int = 0
     """Post-commit steps that failed (logged; the commit itself landed)."""
 
@@ -192,16 +193,18 @@ class Transaction:
         deadline = t0 + o.deadline_s
         conflicts = failures = attempt = 0
         unknown = False
+        fresh: float | None = None  # when the state was last known to be at the head
         try:
             if self.catch_up:
-                read_tail(store, state)
+                fresh = catch_up(store, state)
         except StoreError:
             pass  # only an optimisation: the put finds out
         except CorruptLogError as e:
             return self._refused(e, unknown)
         while attempt < o.max_attempts:
             attempt += 1
-            t_attempt = time.monotonic()
+            t_attempt = time.monotonic() if fresh is None else fresh
+            fresh = None
             try:
                 entry = self.build(state, self.commit_id)
             except LakestreamError as e:
@@ -242,7 +245,7 @@ class Transaction:
                 # and a put built on the view from before the sleep would lose for certain.
                 self._backoff(conflicts)
                 try:
-                    read_tail(store, state)
+                    fresh = catch_up(store, state)
                 except StoreError:
                     failures += 1
                 except CorruptLogError as e:

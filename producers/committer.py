@@ -124,7 +124,8 @@ class Committer(threading.Thread):
                     if self._adaptive:
                         # The window, not the latency: catching up after a long wait takes
                         # long, and read as contention it would lengthen the next wait.
-                        wait_s = self._controller.observe(result.window_s, contended, others)
+                        wait_s = self._controller.observe(
+                            result.window_s, contended, others, result.conflicts)
                         gap_s = GAP_WINDOWS * result.window_s
                 p._on_committed(batch[-1].seq, batch[-1].state, batch)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call

@@ -20,7 +20,7 @@ class ProducerOptions:
 
     commit_policy: CommitPolicy = "adaptive"
     upload_threads: int = 4
-    max_inflight_fragments: int = 64
+    max_inflight_fragments: int = 1024
     max_inflight_bytes: int = 256 << 20
     max_fragment_bytes: int = 1 << 30
     """A write whose encoded fragment is larger raises ValueError (nothing is uploaded)."""

@@ -8,7 +8,7 @@ import time
 
 import lakestream
 from lakestream.errors import NotFoundError
-from lakestream.log import Fence, log_key
+from lakestream.log import Fence, log_key, log_version
 from tests.helpers import SCHEMA, delta_ids, ids, rows
 
 WRITERS, APPENDS, ROWS = 4, 8, 2
@@ -123,12 +123,62 @@ def test_the_commit_window_leaves_out_catching_up(tmp_path) -> None:
     put = min((r for r in timed.requests if r[0] == "put"), key=lambda r: r[1])
     reads = [r for r in timed.requests if r[0] == "get" and r[2] <= put[1]]
     assert len(reads) >= 400  # it did catch up, before its put
-    start, end = min(r[1] for r in reads), max(r[2] for r in reads)
-    # The commit began before the first read and its attempt after the last, so a window
-    # that leaves catching up out is shorter than the latency by at least the reads' span,
-    # and fits between the last read and the return.
-    assert result.latency_s - result.window_s >= end - start, (result, end - start)
-    assert result.window_s <= done - end, (result, done - end)
+    start, last = min(r[1] for r in reads), max(r[1] for r in reads)
+    # The commit began before the first read; its window, at the last read (the one that
+    # found the head absent). A window that leaves the rest of catching up out is shorter
+    # than the latency by at least the span of the reads before the last, and fits between
+    # the last read's start and the return.
+    assert result.latency_s - result.window_s >= last - start, (result, last - start)
+    assert result.window_s <= done - last, (result, done - last)
+
+
+def test_catching_up_stops_at_the_head_without_waiting_for_reads_past_it(tmp_path) -> None:
+    # Regression: a round of parallel reads waited for every read in it, those past the
+    # head included, so the state went stale while they finished and the commit's exposure
+    # to races outgrew the window the controller saw.
+    from lakestream.tail import catch_up
+
+    uri = str(tmp_path / "s")
+    ahead = lakestream.create(uri, SCHEMA, global_batch_size=2, snapshot_interval=100_000)
+    behind = lakestream.open(uri)
+    for epoch in range(1, 41):
+        ahead.commit(lambda _s, cid, e=epoch: Fence("busy", e, cid))
+    stuck = _StuckPastHead(behind.store, head=40)
+    try:
+        state = behind._state
+        catch_up(stuck, state)  # type: ignore[arg-type]
+        assert state.version == 40
+        assert stuck.waiting > 0  # it returned while reads past the head still hung
+    finally:
+        stuck.release.set()
+
+
+class _StuckPastHead:
+    """GETs of log versions up to ``head`` take 5 ms; those past it hang until released."""
+
+    def __init__(self, inner: object, head: int) -> None:
+        self._inner, self._head = inner, head
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self.waiting = 0
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._inner, name)
+        if name != "get":
+            return attr
+
+        def get(key: str) -> object:
+            if log_version(key) <= self._head:
+                time.sleep(0.005)
+            else:
+                with self._lock:
+                    self.waiting += 1
+                self.release.wait(10)
+                with self._lock:
+                    self.waiting -= 1
+            return attr(key)
+
+        return get
 
 
 def test_a_producer_far_behind_catches_up_in_parallel(tmp_path) -> None:
