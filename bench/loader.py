@@ -157,7 +157,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         s = build(root, args.samples)
         sample_bytes = payload.rollouts(256, G, seed=99).nbytes / 256
-        files = [(f"{s.uri}/{f.path}", f.rows) for f in s.state.fragments]
+        files = [(f"{s.uri}/{f.path}", f.rows) for f in s.state.all_fragments()]
         mds = mosaic(root, s)
         for workers in (0, 2):
             kw: dict[str, Any] = {"num_workers": workers}

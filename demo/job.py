@@ -198,7 +198,8 @@ def summary(pipe: Pipeline, facts: dict[str, Any]) -> list[str]:
     reads = [r for p in pipe.logs.glob("reads-rank*.json") for r in _read_jsonl(p)]
     lat = sorted(x for r in reads for x in r["latencies_s"]) or [0.0]
     wall = pipe.timeline[-1]["t"]
-    mb = (sum(f.size for f in s.state.fragments) + _reclaimed_bytes(s)) / 1e6
+    live = sum(int(cols.size.sum()) for cols in s.state.index.columns())
+    mb = (live + _reclaimed_bytes(s)) / 1e6
     commits = sum(p["commits"] for p in prod)
     attempts = sum(p["attempts"] for p in prod)
     reclaimed = _reclaimed_bytes(s)

@@ -88,7 +88,7 @@ def status(stream: Stream, keep_last: int = 2) -> dict[str, Any]:
         "global_batch_size": stream.global_batch_size,
         "group_size": stream.group_size,
         "schema": {f.name: str(f.type) for f in stream.schema},
-        "fragments": len(s.fragments),
+        "fragments": s.index.count(),
         "snapshot_version": hint,
         "reclaimed_below_offset": s.reclaimed_below,
         "retention": {"keep_last": keep_last, "step": point.step,

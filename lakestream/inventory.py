@@ -13,9 +13,10 @@ def unreferenced(store: ObjectStore, state: ReplayState) -> Iterator[ObjectMeta]
     """Data files that no live fragment of ``state`` references: uploads never committed
     (orphans of a crash, or commits still under way), void appends, reclaimed fragments.
 
-    Lists ``data/`` once; the caller decides by the store's timestamps what is old enough.
+    Lists ``data/`` once and fetches the whole index; the caller decides by the store's
+    timestamps what is old enough.
     """
-    live = {f.path for f in state.fragments}
+    live = {path for cols in state.index.columns() for path in cols.paths.to_pylist()}
     for meta in store.list(DATA_DIR):
         if meta.key not in live:
             yield meta

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import bisect
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from lakestream.errors import CorruptLogError
+from lakestream.index import Fragment, FragmentIndex, Removal
 from lakestream.log import (
     Append,
     Checkpoint,
@@ -38,22 +38,6 @@ class Marker:
     version: int
 
 
-@dataclass(frozen=True)
-class Fragment:
-    """A live fragment: rows ``[offset, offset + rows)`` of the global order."""
-
-    offset: int
-    rows: int
-    path: str
-    size: int
-    version: int
-    crc32: int = -1
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.rows
-
-
 class ReplayState:
     """The state after replaying versions ``0..version``. ``apply`` mutates; ``copy`` forks."""
 
@@ -61,8 +45,8 @@ class ReplayState:
         self.version = -1
         self.meta: StreamMeta | None = None
         self.next_offset = 0
-        self.fragments: list[Fragment] = []
-        self._starts: list[int] = []
+        self.index = FragmentIndex()
+        """The live fragments (``docs/design.md`` §4): lookups fetch what they touch."""
         self.producers: dict[str, ProducerState] = {}
         self.markers: dict[str, list[Marker]] = {}
         self.reclaimed_below = 0
@@ -73,8 +57,7 @@ class ReplayState:
 
     def copy(self) -> ReplayState:
         other = copy.copy(self)
-        other.fragments = list(self.fragments)
-        other._starts = list(self._starts)
+        other.index = self.index.copy()
         other.producers = {k: copy.copy(v) for k, v in self.producers.items()}
         other.markers = {k: list(v) for k, v in self.markers.items()}
         other.voided = list(self.voided)
@@ -146,11 +129,7 @@ class ReplayState:
                     f"replay places it at {offset}; the log is corrupt"
                 )
             offset += f.rows
-        for f in entry.fragments:
-            if f.rows:
-                self.fragments.append(Fragment(f.offset, f.rows, f.path, f.size, version,
-                                               f.crc32))
-                self._starts.append(f.offset)
+        self.index.append(version, entry.fragments)
         self.next_offset = offset
         if entry.producer is not None:
             p = self.producers.setdefault(entry.producer, ProducerState())
@@ -165,16 +144,9 @@ class ReplayState:
                 f"log version {version} reclaims below offset {entry.below_offset}, past the "
                 f"end of the stream ({self.next_offset})"
             )
-        gone = {f.path for f in entry.removed}
-        for f in self.fragments:
-            if f.path in gone and f.end > entry.below_offset:
-                raise CorruptLogError(
-                    f"log version {version} removes {f.path}, which holds offsets past "
-                    f"{entry.below_offset}"
-                )
+        gone = frozenset(f.path for f in entry.removed)
+        self.index.remove(Removal(version, entry.below_offset, gone))
         if gone:
-            self.fragments = [f for f in self.fragments if f.path not in gone]
-            self._starts = [f.offset for f in self.fragments]
             self.voided = [(v, fs) for v, fs in self.voided
                            if not all(f.path in gone for f in fs)]
         self.reclaimed_below = max(self.reclaimed_below, entry.below_offset)
@@ -182,24 +154,11 @@ class ReplayState:
 
     def fragments_between(self, lo: int, hi: int) -> list[Fragment]:
         """Live fragments overlapping offsets ``[lo, hi)``, in offset order."""
-        i = max(0, bisect.bisect_right(self._starts, lo) - 1)
-        out = []
-        while i < len(self.fragments) and self.fragments[i].offset < hi:
-            if self.fragments[i].end > lo:
-                out.append(self.fragments[i])
-            i += 1
-        return out
+        return self.index.between(lo, hi)
 
-    def fragments_committed_between(self, lo: int, hi: int) -> list[Fragment]:
-        """Live fragments committed at versions ``(lo, hi]`` (versions rise with offsets)."""
-        a = bisect.bisect_right(self.fragments, lo, key=lambda f: f.version)
-        b = bisect.bisect_right(self.fragments, hi, key=lambda f: f.version)
-        return self.fragments[a:b]
-
-    def restore_fragments(self, fragments: list[Fragment]) -> None:
-        """Sets the fragment index (from a snapshot)."""
-        self.fragments = fragments
-        self._starts = [f.offset for f in fragments]
+    def all_fragments(self) -> list[Fragment]:
+        """Every live fragment, in offset order: fetches the whole index."""
+        return self.index.all()
 
 
 def replay(entries: Iterable[tuple[int, Entry]], state: ReplayState | None = None) -> ReplayState:

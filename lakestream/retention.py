@@ -65,7 +65,7 @@ def retention_point(state: ReplayState, keep_last: int,
     step = min(kept) if kept and not holding else 0
     below = max(step * b, state.reclaimed_below) if step else state.reclaimed_below
     live = tuple(FragmentRef(f.path, f.rows, f.size, f.offset, -1, f.crc32)
-                 for f in state.fragments if f.end <= below)
+                 for f in state.index.below(below))
     void = tuple(f for _v, fs in state.voided for f in fs)
     return RetentionPoint(step, below, live + void)
 

@@ -2,50 +2,63 @@
 grow with the log (docs/design.md §4).
 
 A snapshot is a small JSON manifest (the producers, markers and counters, and a CRC-32) that
-names the index segments holding its live fragments. Segments are immutable Parquet files
-over aligned blocks of snapshot intervals, arranged like a binary counter: snapshot number
-``n = version // interval`` uses one block per set bit of ``n``, so consecutive snapshots
-share every block but the newest, and writing a snapshot re-encodes each fragment
-O(log n) times over the life of the stream instead of once per snapshot. Opening reads the
-manifest and at most ``log2(n) + 1`` segments, fetched in parallel.
+names the index segments holding its live fragments, each with its version range, offset
+range, fragment count and checksum. Opening reads the manifest and no segment: a lookup
+fetches the segments it needs (``lakestream.index``).
 
-A segment's key names its version range and the newest reclaim after that range, so its
-content is a function of its key: any writer may write it, and a reclaim makes the next
-snapshot write smaller segments in place of the ones it shrank.
+Segments are immutable Parquet files of at most ``SEGMENT_FRAGMENTS`` fragments, and a
+segment's content is a function of its key, so any writer may write it:
+
+- ``<lo>-<hi>-<reclaim>-<n>.parquet``: the fragments committed at versions ``(lo, hi]``,
+  less those removed by reclaims up to version ``reclaim``, cut into runs of
+  ``SEGMENT_FRAGMENTS``: run ``n``. A snapshot writes these for what was committed since
+  the snapshot its writer's state came from, so writing one costs what was added since.
+- ``<stem>~<reclaim>.parquet``: segment ``<stem>.parquet`` less the fragments removed by
+  reclaims up to version ``reclaim``: a reclaim rewrites only the segments it shrank.
+
+Format 2 manifests (segments without offset ranges) are still read: their segments are
+fetched on open, as format 2 did, and the next snapshot names them in format 3.
 """
 
 from __future__ import annotations
 
-import io
 import json
+import logging
 import zlib
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError, StoreError
+from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
 from lakestream.failpoints import failpoint
+from lakestream.index import (
+    SEGMENT_FRAGMENTS,
+    Columns,
+    FragmentIndex,
+    Part,
+    check_part,
+    decode_segment,
+    encode_segment,
+)
 from lakestream.log import FragmentRef, StreamMeta, log_key
-from lakestream.replay import Fragment, Marker, ProducerState, ReplayState
+from lakestream.replay import Marker, ProducerState, ReplayState
 from lakestream.store.base import ObjectStore
 from lakestream.tail import read_tail
 from lakestream.threads import shared_pool
 
+log = logging.getLogger("lakestream")
 SNAPSHOT_DIR = "_lakestream/snapshots/"
 INDEX_DIR = "_lakestream/index/"
 HINT_KEY = "_lakestream/_last_snapshot"
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
+_READABLE_FORMATS = (2, 3)
 _CRC_LINE = b"\ncrc32:"
 # What decoding stored bytes can raise when they are damaged (pyarrow raises a bare OSError
 # for a torn Parquet footer). Decoding touches no store, so none of these is an outage;
 # store failures (StoreError) and bugs (AttributeError, ...) are never caught as corruption.
 _PARSE_ERRORS = (ValueError, KeyError, TypeError, IndexError, OSError, pa.ArrowException)
-_FRAGMENTS = pa.schema([
-    ("offset", pa.int64()), ("rows", pa.int64()), ("path", pa.string()),
-    ("size", pa.int64()), ("version", pa.int64()), ("crc32", pa.int64()),
-])
 
 
 def snapshot_key(version: int) -> str:
@@ -57,51 +70,16 @@ def snapshot_version(key: str) -> int:
     return int(key[len(SNAPSHOT_DIR):].split(".")[0])
 
 
-def segment_key(lo: int, hi: int, reclaim: int) -> str:
-    """The segment of fragments committed at versions ``(lo, hi]``, less those removed by
-    reclaims up to version ``reclaim`` (0: no reclaim after ``hi``)."""
-    return f"{INDEX_DIR}{lo:020d}-{hi:020d}-{reclaim:020d}.parquet"
+def segment_key(lo: int, hi: int, reclaim: int, n: int) -> str:
+    """Run ``n`` of the fragments committed at versions ``(lo, hi]``, less those removed by
+    reclaims up to version ``reclaim`` (0: none)."""
+    return f"{INDEX_DIR}{lo:020d}-{hi:020d}-{reclaim:020d}-{n:06d}.parquet"
 
 
-def segment_ranges(version: int, interval: int) -> list[tuple[int, int]]:
-    """The version ranges ``(lo, hi]`` of the segments of the snapshot after ``version``:
-    one aligned power-of-two block of intervals per set bit of ``version // interval``,
-    largest first, then the versions past the last whole interval (none in a snapshot
-    written by a committer, whose version is a multiple of the interval)."""
-    ranges, lo, n = [], 0, version // interval
-    for bit in reversed(range(n.bit_length())):
-        if n >> bit & 1:
-            hi = lo + (interval << bit)
-            ranges.append((lo, hi))
-            lo = hi
-    if version > lo:
-        ranges.append((lo, version))
-    return ranges
-
-
-def _segment_keys(state: ReplayState) -> list[tuple[str, int, int]]:
-    newest_reclaim = state.reclaim_versions[-1] if state.reclaim_versions else 0
-    return [(segment_key(lo, hi, newest_reclaim if newest_reclaim > hi else 0), lo, hi)
-            for lo, hi in segment_ranges(state.version, state.stream_meta.snapshot_interval)]
-
-
-def _encode_segment(fragments: list[Fragment]) -> bytes:
-    columns = {name: [getattr(f, name) for f in fragments] for name in _FRAGMENTS.names}
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pydict(columns, schema=_FRAGMENTS), buf, compression="zstd",
-                   write_page_checksum=True)
-    return buf.getvalue()
-
-
-def _decode_segment(key: str, data: bytes, lo: int, hi: int, rows: int) -> list[Fragment]:
-    table = pq.read_table(io.BytesIO(data), page_checksum_verification=True)
-    if table.schema.names != _FRAGMENTS.names or table.num_rows != rows:
-        raise ValueError(f"segment {key} holds {table.num_rows} fragments, manifest says {rows}")
-    cols = [table.column(name).to_pylist() for name in _FRAGMENTS.names]
-    fragments = list(map(Fragment, *cols))
-    if fragments and not lo < fragments[0].version <= fragments[-1].version <= hi:
-        raise ValueError(f"segment {key} holds fragments outside versions ({lo}, {hi}]")
-    return fragments
+def shrunk_key(key: str, reclaim: int) -> str:
+    """Segment ``key`` less the fragments removed by reclaims up to version ``reclaim``."""
+    stem = key.removesuffix(".parquet").split("~")[0]
+    return f"{stem}~{reclaim:020d}.parquet"
 
 
 def _encode_manifest(state: ReplayState, segments: list[list[object]]) -> bytes:
@@ -133,37 +111,64 @@ def _read_manifest(data: bytes) -> dict[str, Any]:
     return info
 
 
+def _parse_manifest(version: int, manifest: bytes) -> tuple[ReplayState, list[list[Any]],
+                                                             int]:
+    """The state a manifest records, less its index; its segment rows; its format."""
+    info = _read_manifest(manifest)
+    if info["format"] not in _READABLE_FORMATS or info["version"] != version:
+        raise ValueError(f"format {info['format']}, version {info['version']}")
+    state = ReplayState()
+    state.version = version
+    state.meta = StreamMeta.from_json(info["meta"])
+    state.next_offset = int(info["next_offset"])
+    state.reclaimed_below = int(info["reclaimed_below"])
+    state.reclaim_versions = [int(v) for v in info["reclaim_versions"]]
+    state.producers = {k: ProducerState(int(e), int(s), st)
+                       for k, (e, s, st) in info["producers"].items()}
+    state.markers = {g: [Marker(g, int(s), c, int(v)) for s, c, v in ms]
+                     for g, ms in info["markers"].items()}
+    state.voided = [(int(v), tuple(FragmentRef(*f) for f in fs)) for v, fs in info["voided"]]
+    return state, list(info["segments"]), int(info["format"])
+
+
+def _stored_parts(rows: list[list[Any]]) -> list[Part]:
+    return [Part(int(lo), int(hi), int(start), int(end), int(n), str(k), int(c))
+            for k, lo, hi, n, c, start, end in rows]
+
+
 def decode_snapshot(version: int, manifest: bytes, fetch: Callable[[str], bytes]) -> ReplayState:
-    """Parses a snapshot from its manifest, reading the segments it names with ``fetch``
-    (in parallel when there are several).
+    """Parses a snapshot from its manifest. The state's index fetches segments with
+    ``fetch`` when a lookup needs them (a format 2 manifest's are fetched now).
 
     Raises:
-        CorruptLogError: the manifest or a segment is missing, unreadable or inconsistent.
+        CorruptLogError: the manifest (or a format 2 segment) is missing, unreadable or
+            inconsistent.
         StoreError: the store failed while fetching a segment (an outage, not damage).
     """
     key = snapshot_key(version)
     try:
-        info = _read_manifest(manifest)
-        if info["format"] != SNAPSHOT_FORMAT or info["version"] != version:
-            raise ValueError(f"format {info['format']}, version {info['version']}")
-        state = ReplayState()
-        state.version = version
-        state.meta = StreamMeta.from_json(info["meta"])
-        state.next_offset = int(info["next_offset"])
-        state.reclaimed_below = int(info["reclaimed_below"])
-        state.reclaim_versions = [int(v) for v in info["reclaim_versions"]]
-        state.producers = {k: ProducerState(int(e), int(s), st)
-                           for k, (e, s, st) in info["producers"].items()}
-        state.markers = {g: [Marker(g, int(s), c, int(v)) for s, c, v in ms]
-                         for g, ms in info["markers"].items()}
-        state.voided = [(int(v), tuple(FragmentRef(*f) for f in fs)) for v, fs in info["voided"]]
-        segments = [(str(k), int(lo), int(hi), int(n), int(c))
-                    for k, lo, hi, n, c in info["segments"]]
+        state, rows, fmt = _parse_manifest(version, manifest)
+        parts = _stored_parts(rows) if fmt == 3 else []
     except _PARSE_ERRORS as e:
         raise CorruptLogError(f"snapshot {key} cannot be read: {e}") from None
+    if fmt == 2:
+        parts = _fetch_format2(key, rows, fetch)
+    for a, b in zip(parts, parts[1:], strict=False):
+        if b.start < a.end or (b.lo, b.hi) != (a.lo, a.hi) and b.lo < a.hi:
+            raise CorruptLogError(f"snapshot {key}: segments {a.key} and {b.key} overlap")
+    if parts and (parts[-1].end > state.next_offset or parts[-1].hi > version):
+        raise CorruptLogError(f"snapshot {key}: segment {parts[-1].key} reaches past the "
+                              "snapshot")
+    state.index = FragmentIndex(parts, fetch)
+    return state
 
-    def load(segment: tuple[str, int, int, int, int]) -> list[Fragment]:
-        seg_key, lo, hi, rows, crc = segment
+
+def _fetch_format2(key: str, rows: list[list[Any]], fetch: Callable[[str], bytes]) -> list[Part]:
+    """A format 2 snapshot's segments, fetched (in parallel when there are several)."""
+
+    def load(row: list[Any]) -> Part:
+        seg_key, lo, hi, count, crc = str(row[0]), int(row[1]), int(row[2]), int(row[3]), \
+            int(row[4])
         try:
             data = fetch(seg_key)
         except NotFoundError:
@@ -173,62 +178,119 @@ def decode_snapshot(version: int, manifest: bytes, fetch: Callable[[str], bytes]
                                   f"{zlib.crc32(data)}, the manifest recorded {crc}: it is "
                                   "damaged")
         try:
-            return _decode_segment(seg_key, data, lo, hi, rows)
+            cols = decode_segment(data)
         except _PARSE_ERRORS as e:
             raise CorruptLogError(f"snapshot {key}: segment {seg_key} cannot be read: {e}") \
                 from None
+        part = Part(lo, hi, cols.start, cols.end, count, seg_key, crc, cols)
+        check_part(part, cols)
+        return part
 
-    if len(segments) > 1:
-        parts = list(shared_pool().map(load, segments))
-    else:
-        parts = [load(s) for s in segments]
-    fragments = [f for part in parts for f in part]
-    for a, b in zip(fragments, fragments[1:], strict=False):
-        if b.offset < a.end:
-            raise CorruptLogError(f"snapshot {key}: fragments {a.path} and {b.path} overlap")
-    state.restore_fragments(fragments)
-    return state
+    try:
+        rows = [list(r) for r in rows]
+    except _PARSE_ERRORS as e:
+        raise CorruptLogError(f"snapshot {key} cannot be read: {e}") from None
+    parts = list(shared_pool().map(load, rows)) if len(rows) > 1 else [load(r) for r in rows]
+    return [p for p in parts if p.count]
 
 
 def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
-    """Writes the snapshot of ``state`` (the segments it lacks, then the manifest, each only
-    if absent) and points the hint at it."""
-    keys = _segment_keys(state)
-    earlier = _earlier_segments(store, state) if len(keys) > 1 else {}
-    named: list[list[object]] = []
-    for i, (key, lo, hi) in enumerate(keys):
-        fragments = state.fragments_committed_between(lo, hi)
-        # Every block but the newest was written with the previous snapshot, which recorded
-        # its checksum; unless that writer died first or a reclaim since gave it a new key.
-        known = earlier.get(key)
-        if i < len(keys) - 1 and known is not None and known[0] == len(fragments) \
-                and _exists(store, key):
-            named.append([key, lo, hi, len(fragments), known[1]])
-            continue
-        data = _encode_segment(fragments)
-        try:
-            store.put(key, data, mode="create")
-        except AlreadyExistsError:
-            data = store.get(key)  # another writer's bytes (maybe another pyarrow's)
-        named.append([key, lo, hi, len(fragments), zlib.crc32(data)])
+    """Writes the snapshot of ``state``: segments for what the state holds only in memory
+    and for stored segments a reclaim shrank (each only if absent), then the manifest, then
+    points the hint at it. The state's index then names the new segments in place of what
+    it held in memory (it keeps them in its cache)."""
+    index = state.index
+    newest_reclaim = state.reclaim_versions[-1] if state.reclaim_versions else 0
+    parts: list[Part] = []
+    run: list[Part] = []
+
+    def flush() -> None:
+        if run:
+            cols = Columns.concat([p.cols for p in run if p.cols is not None])
+            lo, hi = run[0].lo, run[-1].hi
+            reclaim = newest_reclaim if newest_reclaim > lo else 0
+            for n, a in enumerate(range(0, len(cols), SEGMENT_FRAGMENTS)):
+                piece = cols.slice(a, a + SEGMENT_FRAGMENTS)
+                parts.append(_put_segment(store, index, segment_key(lo, hi, reclaim, n), lo, hi,
+                                          piece))
+            run.clear()
+
+    for p in index.parts:
+        if p.exact:
+            flush()
+            if p.cols is not None:
+                index.remember(str(p.key), p.cols)
+            parts.append(replace(p, cols=None))
+        elif p.key is None:
+            run.append(p)
+        else:  # stored, and a reclaim may have shrunk it
+            flush()
+            cols = index.load(p)
+            if len(cols):
+                parts.append(_put_segment(store, index, shrunk_key(p.key, p.pending[-1].version),
+                                          p.lo, p.hi, cols))
+    flush()
     try:
-        store.put(snapshot_key(state.version), _encode_manifest(state, named), mode="create")
+        store.put(snapshot_key(state.version),
+                  _encode_manifest(state, [p.manifest_row() for p in parts]), mode="create")
+        ours = True
     except AlreadyExistsError:
-        pass
+        ours = False  # another writer's: name its segments, which gc keeps, not ours
     failpoint("during_snapshot")
     store.put(HINT_KEY, json.dumps({"version": state.version}).encode(), mode="overwrite")
+    if ours:
+        index.fetch = index.fetch or store.get  # what it held in memory is in the store now
+        index.replace_parts(parts)
+        index.removals = [r for r in index.removals if r.version > state.version]
+    else:
+        rebase(store, state)
 
 
-def _earlier_segments(store: ObjectStore, state: ReplayState) -> dict[str, tuple[int, int]]:
-    """``{key: (fragments, crc32)}`` of the previous snapshot's segments ({} if unreadable)."""
-    previous = state.version - state.stream_meta.snapshot_interval
-    if previous < 0:
-        return {}
+def _put_segment(store: ObjectStore, index: FragmentIndex, key: str, lo: int, hi: int,
+                 cols: Columns) -> Part:
+    """Puts a segment if absent; returns it as a stored part, its columns cached."""
+    data = encode_segment(cols)
     try:
-        info = _read_manifest(store.get(snapshot_key(previous)))
-        return {str(k): (int(n), int(c)) for k, _lo, _hi, n, c in info["segments"]}
-    except (NotFoundError, StoreError, *_PARSE_ERRORS):
-        return {}  # missing, unreachable or damaged: it only costs re-encoding its blocks
+        store.put(key, data, mode="create")
+    except AlreadyExistsError:
+        data = store.get(key)  # another writer's bytes (maybe another pyarrow's)
+    index.remember(key, cols)
+    return Part(lo, hi, cols.start, cols.end, len(cols), key, zlib.crc32(data))
+
+
+def rebase(store: ObjectStore, state: ReplayState) -> bool:
+    """Swaps the fragments ``state`` holds only in memory for the segments of the newest
+    snapshot at or before its version, if that snapshot covers some of them: one GET of a
+    manifest, no segment. Returns whether it did.
+
+    Raises:
+        StoreError: the store failed.
+    """
+    memory = [p for p in state.index.parts if p.key is None]
+    interval = state.stream_meta.snapshot_interval
+    version = state.version // interval * interval
+    if not memory or version <= memory[0].lo:
+        return False
+    try:
+        _, rows, fmt = _parse_manifest(version, store.get(snapshot_key(version)))
+        stored = _stored_parts(rows) if fmt == 3 else None
+    except NotFoundError:
+        return False  # not written yet: its writer may still be at it
+    except _PARSE_ERRORS:
+        return False  # damaged: keep what is in memory
+    if stored is None:
+        return False
+    index = state.index
+    later = [r for r in index.removals if r.version > version]
+    parts = []
+    for p in stored:
+        pending = tuple(r for r in later if r.paths and p.start < r.below)
+        parts.append(replace(p, pending=pending) if pending else p)
+    parts += [p for p in index.parts if p.lo >= version]
+    index.fetch = index.fetch or store.get
+    index.replace_parts(parts)
+    index.removals = later
+    return True
 
 
 def snapshot_segments(store: ObjectStore, version: int) -> list[str]:
@@ -310,6 +372,19 @@ def load_state(store: ObjectStore, uri: str) -> ReplayState:
             raise NotFoundError(f"no Lakestream stream at {uri} (no {log_key(0)}); create it")
         state = ReplayState()
     return read_tail(store, state)
+
+
+def replay_log(store: ObjectStore, damage: CorruptLogError) -> ReplayState:
+    """The state from the log alone, no snapshot or segment read: what a reader falls back
+    on when an index segment it needs is damaged (``damage``).
+
+    Raises:
+        CorruptLogError: ``damage``, if gc has compacted the log's start away.
+    """
+    if not _exists(store, log_key(0)):
+        raise damage
+    log.warning("%s; replaying the log of %s instead", damage, store.uri)
+    return read_tail(store, ReplayState())
 
 
 def _newest_snapshot(store: ObjectStore, errors: list[str]) -> ReplayState | None:

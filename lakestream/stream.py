@@ -16,6 +16,7 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.fragment import FragmentReader, encode_fragment, fragment_key, put_fragment
+from lakestream.index import Fragment, SegmentError
 from lakestream.log import (
     Append,
     Checkpoint,
@@ -28,7 +29,7 @@ from lakestream.log import (
 )
 from lakestream.plan import check_world, plan_rows, slice_offsets
 from lakestream.progress import check_group
-from lakestream.replay import Fragment, Marker, ReplayState
+from lakestream.replay import Marker, ReplayState
 from lakestream.retention import (
     GcReport,
     RetentionPoint,
@@ -38,7 +39,7 @@ from lakestream.retention import (
     retention_point,
 )
 from lakestream.schema import conform, validate_schema
-from lakestream.snapshot import load_state, write_snapshot
+from lakestream.snapshot import load_state, rebase, replay_log, write_snapshot
 from lakestream.store import ObjectStore, open_store
 from lakestream.tail import entry_or_none, read_tail
 from lakestream.transaction import (
@@ -76,6 +77,8 @@ class Stream:
         self.store = store
         self.storage_options = storage_options
         self._state = state
+        self._rebased = state.version
+        self._damaged_index = False
         self._lock = threading.Lock()
         self._reader = FragmentReader(store)
 
@@ -115,10 +118,9 @@ class Stream:
     def open(cls, uri: str, *, storage_options: dict[str, str] | None = None) -> Stream:
         """Opens the stream at ``uri``.
 
-        Costs a number of requests that does not grow with the log's length (the hint, the
-        newest snapshot's manifest and its ~log2(n) index segments, then the entries after
-        it), but time and memory that grow with the number of live fragments, which are
-        all held in memory.
+        Reads the hint, the newest snapshot's manifest and the entries after it: requests,
+        bytes and memory that grow neither with the log's length nor with the number of
+        live fragments (``read_step`` fetches the index segments it needs).
 
         Raises:
             NotFoundError: no stream exists there.
@@ -128,9 +130,21 @@ class Stream:
         store = open_store(uri, storage_options)
         return cls(uri, store, load_state(store, uri), storage_options=storage_options)
 
-    def _publish(self, state: ReplayState) -> None:
+    def _publish(self, state: ReplayState, *, replace: bool = False) -> None:
+        """Makes ``state`` (private to the caller until now) the view, unless a newer one
+        is (or, with ``replace``, one as new). First, once per snapshot interval, swaps what
+        it holds in memory for the newest snapshot's segments, so memory does not grow with
+        what others commit."""
+        interval = state.stream_meta.snapshot_interval
+        if state.version // interval > self._rebased // interval and not self._damaged_index:
+            self._rebased = state.version
+            try:
+                rebase(self.store, state)
+            except StoreError:
+                pass  # only memory: the next interval tries again
         with self._lock:
-            if state.version > self._state.version:
+            if state.version > self._state.version or \
+                    replace and state.version == self._state.version:
                 self._state = state
 
     def refresh(self) -> int:
@@ -355,7 +369,12 @@ class Stream:
         span = slice_offsets(step, b, rank, world_size)
         if span.stop > self._state.next_offset:
             self.refresh()
-        fragments = self._visible(self._state, step, span.start, span.stop)
+        try:
+            fragments = self._visible(self._state, step, span.start, span.stop)
+        except SegmentError as e:
+            self._damaged_index = True  # rebasing would name the damaged segment again
+            self._publish(replay_log(self.store, e), replace=True)
+            fragments = self._visible(self._state, step, span.start, span.stop)
         if columns is not None:
             unknown = [c for c in columns if c not in self.schema.names]
             if unknown:

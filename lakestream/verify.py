@@ -35,7 +35,7 @@ def _snapshot_versions(store: ObjectStore) -> list[int]:
 
 
 def _summary(state: ReplayState) -> tuple[object, ...]:
-    return (state.next_offset, state.reclaimed_below, state.fragments,
+    return (state.next_offset, state.reclaimed_below, state.all_fragments(),
             {k: (p.epoch, p.seq, p.state) for k, p in state.producers.items()},
             state.markers, state.reclaim_versions)
 
@@ -80,7 +80,7 @@ def verify(store: ObjectStore) -> VerifyReport:
             except (CorruptLogError, NotFoundError) as e:
                 report.problems.append(str(e))
     reader = FragmentReader(store, cache_size=0)
-    for f in state.fragments:
+    for f in state.all_fragments():
         report.fragments += 1
         try:
             reader.read(f.path, f.size, 0, f.rows, crc32=f.crc32)

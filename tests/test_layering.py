@@ -12,12 +12,13 @@ RANKS = {
     "errors": 0, "failpoints": 0, "threads": 0,
     "store": 1, "schema": 1,
     "log": 2, "plan": 2, "progress": 2,
-    "replay": 3, "fragment": 3,
-    "tail": 4, "inventory": 4,
-    "snapshot": 5,
-    "transaction": 6, "retention": 6, "verify": 6,
-    "stream": 7,
-    "cli": 8, "__init__": 9,
+    "index": 3,
+    "replay": 4, "fragment": 4,
+    "tail": 5, "inventory": 5,
+    "snapshot": 6,
+    "transaction": 7, "retention": 7, "verify": 7,
+    "stream": 8,
+    "cli": 9, "__init__": 10,
 }
 
 

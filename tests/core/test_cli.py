@@ -71,7 +71,7 @@ def test_verify_reads_everything_and_names_what_is_damaged(tmp_path, capsys) -> 
         s.append(rows(4 * k, 4))
     assert main(["verify", uri]) == 0
     assert "checked 6 log entries, 3 snapshots, 5 fragments: sound" in capsys.readouterr().out
-    victim = s.state.fragments[0].path
+    victim = s.state.all_fragments()[0].path
     data = bytearray(s.store.get(victim))
     data[len(data) // 2] ^= 0x10
     s.store.put(victim, bytes(data))

@@ -53,7 +53,7 @@ def test_each_role_does_its_work_and_no_more(roles: SeaweedS3) -> None:
     with pytest.raises(PermissionDeniedError):
         s.append(rows(100, 4))
     with pytest.raises(PermissionDeniedError):
-        s.store.delete(s.state.fragments[0].path)
+        s.store.delete(s.state.all_fragments()[0].path)
 
     # A read-only identity reads, and a commit is refused at once, not retried for minutes.
     r = lakestream.open(URI, storage_options=reader)

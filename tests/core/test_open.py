@@ -1,6 +1,5 @@
 """Opening a stream costs a number of store requests that does not grow with the log's
-length (docs/design.md §4), plus one parallel GET per index segment: at most
-log2(versions / snapshot_interval) + 1."""
+length (docs/design.md §4), and fetches no index segment."""
 
 from __future__ import annotations
 
@@ -72,10 +71,9 @@ def test_open_costs_the_same_at_10000_versions_as_at_200(long_and_short) -> None
     v_short, calls_short = _open_cost(short)
     v_long, calls_long = _open_cost(long)
     assert (v_short, v_long) == (200, 10_000)
-    # hint + manifest + tail GETs, one HEAD probe; then one GET per segment: snapshot 2
-    # (binary 10) has one segment, snapshot 100 (binary 1100100) three.
-    assert calls_short == {"get": 3 + 1, "head": 1}
-    assert calls_long == {"get": 3 + 3, "head": 1}
+    # hint + manifest + tail GETs and one HEAD probe; no index segment
+    assert calls_short == {"get": 3, "head": 1}
+    assert calls_long == {"get": 3, "head": 1}
     reopened = lakestream.open(long)
     assert reopened.producers["p"][0] == 9_999 and ids(reopened.read_step(0)) == [0, 1]
 
@@ -105,9 +103,9 @@ def test_a_missing_snapshot_costs_only_a_longer_tail(tmp_path) -> None:
     store.delete(snapshot_key(300))  # as if its committer was killed while writing it
     store.put(HINT_KEY, b'{"version": 200}')
     version, calls = _open_cost(uri)
-    # hint, manifest 200 and its one segment, 150 entries, and the absent ones the last
-    # parallel round of the tail read asks for
-    assert version == 350 and calls["get"] <= 3 + 150 + TAIL_WIDTH
+    # hint, manifest 200, 150 entries, and the absent ones the last parallel round of the
+    # tail read asks for
+    assert version == 350 and calls["get"] <= 2 + 150 + TAIL_WIDTH
 
 
 def test_the_log_alone_replays_without_any_snapshot(tmp_path) -> None:

@@ -38,14 +38,14 @@ def test_markers_decide_what_is_reclaimed(backend) -> None:
     s.mark_checkpoint("eval", 5)
     point = s.retention_point(keep_last=1)
     assert (point.step, point.below_offset) == (5, 20)  # train keeps @6, eval keeps @5
-    before = {f.path for f in s.state.fragments}
+    before = {f.path for f in s.state.all_fragments()}
     assert s.retain(keep_last=1) is not None
     assert s.retain(keep_last=1) is None  # nothing more to reclaim
     for step in range(5, 8):
         assert ids(s.read_step(step)) == list(range(4 * step, 4 * step + 4))
     with pytest.raises(StepNotAvailableError, match="step 1 .* reclaimed .* below step 5"):
         s.read_step(1)
-    reclaimed = before - {f.path for f in s.state.fragments}
+    reclaimed = before - {f.path for f in s.state.all_fragments()}
     assert len(reclaimed) == 10
     report = s.gc(grace_seconds=0)
     assert report.data_files == 10
@@ -149,7 +149,7 @@ def test_a_long_log_compacts_to_what_is_retained(tmp_path, monkeypatch) -> None:
 
 
 def test_snapshots_after_a_reclaim_drop_it_and_gc_sweeps_old_segments(tmp_path) -> None:
-    from lakestream.snapshot import INDEX_DIR, load_state, snapshot_segments
+    from lakestream.snapshot import INDEX_DIR, load_state, segment_key, snapshot_segments
 
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=B, snapshot_interval=2)
@@ -160,13 +160,14 @@ def test_snapshots_after_a_reclaim_drop_it_and_gc_sweeps_old_segments(tmp_path) 
     s.append(rows(32, 2))
     s.append(rows(34, 2))
     assert s.version == 20
-    # Snapshot 10 is blocks (0, 16] and (16, 20]; the reclaim gave the first a new key.
+    # Each snapshot wrote a segment of what was committed since the one before; the reclaim
+    # emptied those of versions (0, 12], which snapshot 18 dropped, and left the rest alone.
     segments = snapshot_segments(s.store, 20)
-    assert segments == [f"{INDEX_DIR}{0:020d}-{16:020d}-{18:020d}.parquet",
-                        f"{INDEX_DIR}{16:020d}-{20:020d}-{0:020d}.parquet"]
+    assert segments == [segment_key(12, 14, 0, 0), segment_key(14, 16, 0, 0),
+                        segment_key(18, 20, 0, 0)]
     reopened = load_state(s.store, uri)
-    assert [f.path for f in reopened.fragments] == [f.path for f in s.state.fragments]
-    assert len(reopened.fragments) == 16 - 12 + 2
+    assert [f.path for f in reopened.all_fragments()] == [f.path for f in s.state.all_fragments()]
+    assert len(reopened.all_fragments()) == 16 - 12 + 2
     report = s.gc(grace_seconds=0)
     kept = set(segments) | set(snapshot_segments(s.store, 18))
     assert report.index_segments > 0 and {m.key for m in s.store.list(INDEX_DIR)} == kept

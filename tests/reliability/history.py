@@ -78,7 +78,7 @@ def _stream_ids(stream: lakestream.Stream) -> list[int]:
     """Every committed id in offset order, read from the fragment files themselves (not
     through the readers under test); offsets must be contiguous from the first live one."""
     out: list[int] = []
-    for f in stream.state.fragments:
+    for f in stream.state.all_fragments():
         table = pq.read_table(io.BytesIO(stream.store.get(f.path)), columns=["id"])
         if table.num_rows != f.rows:
             raise AssertionError(f"{f.path} holds {table.num_rows} rows, the log says {f.rows}")
@@ -137,7 +137,7 @@ def check(history: History, uri: str, options: dict[str, str] | None = None) -> 
     known = {i for w in history.writes for i in w.ids}
     if committed - known:
         bad.append(f"{len(committed - known)} committed ids nobody wrote")
-    if s.state.fragments and s.state.fragments[0].offset != s.state.reclaimed_below:
+    if s.state.all_fragments() and s.state.all_fragments()[0].offset != s.state.reclaimed_below:
         bad.append("the first live fragment does not start at the retention point")
     # Readers: every read of a step slice equals the stream's slice; no reader goes back.
     base = s.state.reclaimed_below

@@ -48,7 +48,7 @@ class FlakyStore:
 
 def _summary(state: ReplayState) -> tuple[Any, ...]:
     return (state.version, state.next_offset, state.reclaimed_below,
-            [(f.path, f.offset, f.rows) for f in state.fragments],
+            [(f.path, f.offset, f.rows) for f in state.all_fragments()],
             {k: (p.epoch, p.seq, p.state) for k, p in state.producers.items()},
             {g: [(m.step, m.version) for m in ms] for g, ms in state.markers.items()})
 

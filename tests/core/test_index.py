@@ -1,0 +1,204 @@
+"""The columnar fragment index: opening fetches no segment, a lookup fetches the segments it
+touches, a producer fetches none, and a handle's memory does not grow with what others
+commit (docs/design.md §4)."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import pytest
+
+import lakestream
+from lakestream.errors import CorruptLogError
+from lakestream.index import CACHED_SEGMENTS, SEGMENT_FRAGMENTS, FragmentIndex
+from lakestream.log import Append, FragmentRef, Reclaim
+from lakestream.producers import Producer
+from lakestream.snapshot import INDEX_DIR, load_state, snapshot_key
+from lakestream.store import open_store
+from tests.helpers import SCHEMA, ids, rows
+
+
+class MeteredStore:
+    """Counts GETs and the bytes they return, by whether they fetch an index segment."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.bytes: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def get(self, key: str) -> bytes:
+        kind = "index" if key.startswith(INDEX_DIR) else "other"
+        data: bytes = self.inner.get(key)
+        self.requests[kind] += 1
+        self.bytes[kind] += len(data)
+        return data
+
+    def head(self, key: str) -> Any:
+        self.requests["head"] += 1
+        return self.inner.head(key)
+
+
+def _wide(uri: str, fragments: int, per_entry: int = 1000, interval: int = 10) -> None:
+    """A stream of ``fragments`` one-row fragments, ``per_entry`` per commit (no data files:
+    only the index is under test)."""
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4, snapshot_interval=interval)
+    done = 0
+    while done < fragments:
+        n = min(per_entry, fragments - done)
+
+        def build(state: Any, cid: str, first: int = done, n: int = n) -> Append:
+            refs = tuple(FragmentRef(f"data/x/{first + k:09d}.parquet", 1, 100,
+                                     state.next_offset + k, -1, 7) for k in range(n))
+            return Append(None, 0, refs, None, cid)
+
+        s.commit(build)
+        done += n
+
+
+@pytest.fixture(scope="module")
+def small_and_large(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("index")
+    small, large = str(root / "small"), str(root / "large")
+    _wide(small, 400, per_entry=40)
+    _wide(large, 40_000, per_entry=4000)  # 100 times as many, in as many versions
+    return small, large
+
+
+def test_opening_fetches_the_same_at_100_times_the_fragments(small_and_large) -> None:
+    small, large = small_and_large
+    opened = {}
+    for uri in (small, large):
+        store = MeteredStore(open_store(uri))
+        state = load_state(store, uri)
+        assert state.version == 10 and state.index.count() > 0
+        opened[uri] = store
+    a, b = opened[small], opened[large]
+    assert a.requests == b.requests and a.requests["index"] == 0
+    # The manifest names one more segment per SEGMENT_FRAGMENTS fragments: a few hundred
+    # bytes, where one segment of them is tens of kilobytes.
+    per_row = 200
+    assert b.bytes["other"] - a.bytes["other"] <= per_row * (40_000 // SEGMENT_FRAGMENTS + 1)
+
+
+def test_a_lookup_fetches_only_the_segments_it_touches(small_and_large) -> None:
+    _, large = small_and_large
+    store = MeteredStore(open_store(large))
+    state = load_state(store, large)
+    segments = len(state.index.parts)
+    assert segments >= 40_000 // SEGMENT_FRAGMENTS
+    last = state.fragments_between(39_996, 40_000)
+    assert [f.offset for f in last] == [39_996, 39_997, 39_998, 39_999]
+    assert store.requests["index"] == 1
+    first = state.fragments_between(0, 4)
+    assert [f.path for f in first] == [f"data/x/{k:09d}.parquet" for k in range(4)]
+    assert store.requests["index"] == 2
+    state.fragments_between(1, 3)  # cached
+    assert store.requests["index"] == 2
+    assert [f.offset for f in state.all_fragments()] == list(range(40_000))
+
+
+def test_a_producer_commits_on_a_large_stream_without_fetching_the_index(
+        small_and_large, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, large = small_and_large
+
+    def refuse(self: FragmentIndex, part: Any) -> Any:
+        raise AssertionError(f"fetched index segment {part.key}")
+
+    monkeypatch.setattr(FragmentIndex, "_fetch", refuse)
+    with Producer(large, "writer") as p:
+        for k in range(25):  # past two snapshots of interval 10: it writes them too
+            p.write(rows(4 * k, 4))
+            p.flush()
+    s = lakestream.open(large)
+    assert s.version >= 10 + 25 and s.num_samples == 40_000 + 100
+    monkeypatch.undo()
+    assert ids(s.read_step(s.num_steps - 1)) == [96, 97, 98, 99]
+
+
+def test_memory_held_by_a_handle_does_not_grow_with_what_others_commit(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    _wide(uri, 100, per_entry=10)
+    watcher = lakestream.open(uri)
+    writer = lakestream.open(uri)
+    for k in range(60):  # six snapshot intervals of 10 versions, 50 fragments each
+        writer.append(rows(4 * k, 4))
+        watcher.refresh()
+    # Without rebasing it would hold all 60 appended fragments; it holds those past the
+    # newest snapshot it has seen.
+    assert watcher.version == writer.version
+    assert watcher.state.index.in_memory <= 10
+    assert watcher.state.all_fragments() == writer.state.all_fragments()
+
+
+def test_a_reclaim_shrinks_stored_segments_when_they_are_read(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    _wide(uri, 100, per_entry=10)
+    s = lakestream.open(uri)  # every fragment in stored segments
+    gone = tuple(FragmentRef(f"data/x/{k:09d}.parquet", 1, 100, k, -1, 7) for k in range(8))
+    s.commit(lambda _state, cid: Reclaim(8, gone, cid))
+    assert [f.offset for f in s.state.all_fragments()] == list(range(8, 100))
+    assert s.state.index.count() == 92
+    # The next snapshot rewrites only the shrunk segment, and a reopened handle agrees.
+    while s.version % 10:
+        s.append(rows(0, 4))
+    reopened = lakestream.open(uri)
+    assert reopened.state.all_fragments() == s.state.all_fragments()
+
+
+def test_a_reclaim_of_a_fragment_past_its_point_is_caught_when_its_segment_is_read(
+        tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    _wide(uri, 100, per_entry=10)
+    s = lakestream.open(uri)
+    bad = (FragmentRef("data/x/000000003.parquet", 1, 100, 3, -1, 7),)
+    s.commit(lambda _state, cid: Reclaim(2, bad, cid))  # offset 3 is past the point 2
+    with pytest.raises(CorruptLogError, match="000000003"):
+        s.state.all_fragments()
+
+
+def test_a_damaged_segment_is_named_when_read(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    _wide(uri, 100, per_entry=10)
+    s = lakestream.open(uri)
+    key = s.state.index.parts[0].key
+    assert key is not None
+    s.store.put(key, b"not parquet")
+    with pytest.raises(CorruptLogError, match="CRC-32"):
+        s.state.fragments_between(0, 4)
+
+
+def test_a_format_2_snapshot_still_opens(tmp_path) -> None:
+    """Format 2 named segments without offsets; opening fetches them, as it did."""
+    import json
+    import zlib
+
+    uri = str(tmp_path / "s")
+    _wide(uri, 100, per_entry=10)
+    store = open_store(uri)
+    data = store.get(snapshot_key(10))
+    body = json.loads(data.rpartition(b"\ncrc32:")[0])
+    body["format"] = 2
+    body["segments"] = [row[:5] for row in body["segments"]]
+    old = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    store.put(snapshot_key(10), old + b"\ncrc32:" + str(zlib.crc32(old)).encode() + b"\n")
+    s = lakestream.open(uri)
+    assert [f.offset for f in s.state.all_fragments()] == list(range(100))
+    while s.version % 10:
+        s.append(rows(0, 4))  # the next snapshot is format 3 and names the same segments
+    assert [f.offset for f in lakestream.open(uri).state.all_fragments()][:100] == \
+        list(range(100))
+
+
+def test_a_handle_that_wrote_its_segments_fetches_them_back_once_evicted(tmp_path) -> None:
+    # Regression: a state that began in memory (a created stream) had no store to fetch
+    # from, so once the segments it had written left the cache, reading them failed.
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4,
+                          snapshot_interval=1)
+    for k in range(CACHED_SEGMENTS + 8):  # a segment per commit: more than the cache holds
+        s.append(rows(4 * k, 4))
+    assert s.state.index.in_memory == 0
+    assert [f.offset for f in s.state.fragments_between(0, 4)] == [0]  # no fallback
