@@ -124,6 +124,37 @@ def _ingest_section(ingest: dict[str, Any]) -> list[str]:
     return out
 
 
+def _scale_section(scale: dict[str, Any]) -> list[str]:
+    out = ["## Metadata at scale (`bench/scale.py`)", "",
+           "Local store; each stream has 100 versions, the same in all, and differs only in how "
+           "many fragments are live. Memory is the resident memory a fresh process gains by "
+           "opening; read_step fetches the index segment holding the step.", "",
+           "| live fragments | open ms | open GETs / HEADs | open bytes | handle MB | "
+           "Producer MB | read_step first ms | read_step last ms | producer samples/s |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in scale["streams"]:
+        q = r["open_requests"]
+        out.append(f"| {r['fragments']:,} | {1000 * r['open_s']:.1f} | {q.get('get', 0)} / "
+                   f"{q.get('head', 0)} | {r['open_bytes']:,} | {r['handle_bytes'] / 1e6:.1f} | "
+                   f"{r['producer_bytes'] / 1e6:.1f} | {1000 * r['read_first_s']:.1f} | "
+                   f"{1000 * r['read_last_s']:.1f} | {r['producer_samples_per_s']:.0f} |")
+    ratios = scale["large_over_small"]
+    ok = all(ratios[k] <= 1.5 for k in ("open_s", "handle_bytes", "producer_bytes",
+                                         "read_first_s", "read_last_s"))
+    out += ["", "Largest over smallest: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+            + f". Target <= 1.5x each: {_target(ok)}.", ""]
+    g = scale.get("growth")
+    if g:
+        worst = min(g["decile_over_first"])
+        out += [f"Growth to {g['versions']:,} versions (4 producers of small fragments, local "
+                "store), samples/s by tenth of the run: "
+                + ", ".join(f"{x:.0f}" for x in g["decile_samples_per_s"])
+                + f"; lowest tenth / first = {worst:.2f}. Target >= 0.95: "
+                + f"{_target(worst >= 0.95)}.", ""]
+    out += [f"Command: `{scale['command'].strip()}`", ""]
+    return out
+
+
 def main() -> None:
     out = ["# Benchmarks", "",
            "Produced by one `bench/run-all` on this machine; every peer ran beside Lakestream in",
@@ -292,6 +323,9 @@ def main() -> None:
     ingest = _load("ingest")
     if isinstance(ingest, dict):
         out += _ingest_section(ingest)
+    scale = _load("scale")
+    if isinstance(scale, dict):
+        out += _scale_section(scale)
     loader = _load("loader")
     if isinstance(loader, dict):
         out += ["## Loaders (`bench/loader.py`)", "",

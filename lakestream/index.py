@@ -16,7 +16,8 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +38,12 @@ _INTS = ("offset", "rows", "size", "version", "crc32")
 
 
 class SegmentError(CorruptLogError):
-    """An index segment a lookup needs is missing or damaged. The log it was made from
-    still holds the truth while it is retained: ``Stream`` then replays it."""
+    """An index segment a lookup needs is missing or damaged. A newer snapshot, or the log
+    it was made from while it is retained, still holds the truth: ``Stream`` reopens."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -173,20 +178,22 @@ class Removal:
         return cols.keep(~gone)
 
 
-@dataclass(frozen=True)
-class Part:
+class Part(NamedTuple):
     """A run of fragments committed at versions ``(lo, hi]``, offsets ``[start, end)``.
 
     In memory (``cols``), in the store as segment ``key`` (with ``crc`` and ``count``), or
     both. ``pending`` are reclaims that may remove some of the stored segment's fragments,
-    applied when it is loaded; ``count`` and ``start`` are then upper and lower bounds.
+    applied when it is loaded; ``fragments`` and ``start`` are then upper and lower
+    bounds. A
+    tuple, not a dataclass: opening makes one per manifest row, and that is most of its time
+    at a million fragments.
     """
 
     lo: int
     hi: int
     start: int
     end: int
-    count: int
+    fragments: int
     key: str | None = None
     crc: int = 0
     cols: Columns | None = None
@@ -200,9 +207,6 @@ class Part:
     @classmethod
     def in_memory(cls, lo: int, hi: int, cols: Columns) -> Part:
         return cls(lo, hi, cols.start, cols.end, len(cols), cols=cols)
-
-    def manifest_row(self) -> list[object]:
-        return [self.key, self.lo, self.hi, self.count, self.crc, self.start, self.end]
 
 
 Fetch = Callable[[str], bytes]
@@ -263,29 +267,29 @@ class FragmentIndex:
             self._starts.append(part.start)
 
     def remove(self, removal: Removal) -> None:
-        """Applies a reclaim: in-memory parts at once, stored ones when loaded. Parts left
-        empty are dropped.
+        """Applies a reclaim to the parts that start below its point (no fragment at or past
+        it can be removed: replay checks the entry's own offsets): in-memory parts at once,
+        stored ones when loaded. Parts left empty are dropped.
 
         Raises:
             CorruptLogError: an in-memory fragment it removes holds offsets past the point
                 (nothing is changed).
         """
+        if not removal.paths:
+            return
+        cut = bisect.bisect_left(self._starts, removal.below)
         parts = []
-        for p in self.parts:
-            if not removal.paths:
-                parts.append(p)
-            elif p.cols is not None:
+        for p in self.parts[:cut]:
+            if p.cols is not None:
                 cols = removal.apply(p.cols, f"fragments committed at versions ({p.lo}, {p.hi}]")
                 if len(cols) == len(p.cols):
                     parts.append(p)
                 elif len(cols):
                     parts.append(Part(p.lo, p.hi, cols.start, cols.end, len(cols), cols=cols))
-            elif p.start < removal.below:
-                parts.append(replace(p, pending=(*p.pending, removal)))
             else:
-                parts.append(p)  # nothing in it can be below the point
-        self.parts = parts
-        self._starts = [p.start for p in parts]
+                parts.append(p._replace(pending=(*p.pending, removal)))
+        self.parts = parts + self.parts[cut:]
+        self._starts = [p.start for p in self.parts]
         self.removals.append(removal)
 
     def replace_parts(self, parts: Sequence[Part]) -> None:
@@ -316,18 +320,19 @@ class FragmentIndex:
         assert part.key is not None
         if self.fetch is None:
             raise SegmentError(f"index segment {part.key} is not in memory and this index "
-                               "has no store to fetch it from")
+                               "has no store to fetch it from", part.key)
         try:
             data = self.fetch(part.key)
         except NotFoundError:
-            raise SegmentError(f"index segment {part.key} is missing") from None
+            raise SegmentError(f"index segment {part.key} is missing", part.key) from None
         if zlib.crc32(data) != part.crc:
             raise SegmentError(f"index segment {part.key} has CRC-32 {zlib.crc32(data)}, "
-                               f"the manifest recorded {part.crc}: it is damaged")
+                               f"the manifest recorded {part.crc}: it is damaged", part.key)
         try:
             cols = decode_segment(data)
         except (ValueError, OSError, pa.ArrowException) as e:
-            raise SegmentError(f"index segment {part.key} cannot be read: {e}") from None
+            raise SegmentError(f"index segment {part.key} cannot be read: {e}",
+                               part.key) from None
         check_part(part, cols)
         return cols
 
@@ -369,27 +374,27 @@ class FragmentIndex:
 
     def count(self) -> int:
         """How many fragments are live (fetching only parts a reclaim may have shrunk)."""
-        return sum(len(self.load(p)) if p.pending else p.count for p in self.parts)
+        return sum(len(self.load(p)) if p.pending else p.fragments for p in self.parts)
 
     @property
     def in_memory(self) -> int:
         """Fragments held in memory only (not yet in a segment)."""
-        return sum(p.count for p in self.parts if p.key is None)
+        return sum(p.fragments for p in self.parts if p.key is None)
 
 
 def check_part(part: Part, cols: Columns) -> None:
     """Raises CorruptLogError if a segment's content disagrees with what names it."""
     where = f"index segment {part.key}"
-    if len(cols) != part.count:
+    if len(cols) != part.fragments:
         raise SegmentError(f"{where} holds {len(cols)} fragments, the manifest says "
-                              f"{part.count}")
+                           f"{part.fragments}", part.key)
     if len(cols) and not (part.lo < int(cols.version.min()) and
                           int(cols.version.max()) <= part.hi):
         raise SegmentError(f"{where} holds fragments outside versions "
-                              f"({part.lo}, {part.hi}]")
+                           f"({part.lo}, {part.hi}]", part.key)
     if len(cols) and (cols.start != part.start or cols.end != part.end):
         raise SegmentError(f"{where} holds offsets [{cols.start}, {cols.end}), the "
-                              f"manifest says [{part.start}, {part.end})")
+                           f"manifest says [{part.start}, {part.end})", part.key)
     check_order(cols, where)
 
 

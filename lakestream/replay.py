@@ -144,6 +144,13 @@ class ReplayState:
                 f"log version {version} reclaims below offset {entry.below_offset}, past the "
                 f"end of the stream ({self.next_offset})"
             )
+        void = {f.path for _v, fs in self.voided for f in fs}
+        for f in entry.removed:
+            if f.path not in void and f.offset + f.rows > entry.below_offset:
+                raise CorruptLogError(
+                    f"log version {version} removes {f.path}, which holds offsets past "
+                    f"{entry.below_offset}"
+                )
         gone = frozenset(f.path for f in entry.removed)
         self.index.remove(Removal(version, entry.below_offset, gone))
         if gone:

@@ -17,7 +17,7 @@ segment's content is a function of its key, so any writer may write it:
   reclaims up to version ``reclaim``: a reclaim rewrites only the segments it shrank.
 
 Format 2 manifests (segments without offset ranges) are still read: their segments are
-fetched on open, as format 2 did, and the next snapshot names them in format 3.
+fetched on open, as format 2 did, and the next snapshot rewrites them as format 3 segments.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import json
 import logging
 import zlib
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -132,8 +131,15 @@ def _parse_manifest(version: int, manifest: bytes) -> tuple[ReplayState, list[li
 
 
 def _stored_parts(rows: list[list[Any]]) -> list[Part]:
-    return [Part(int(lo), int(hi), int(start), int(end), int(n), str(k), int(c))
-            for k, lo, hi, n, c, start, end in rows]
+    """Format 3 rows: [name under INDEX_DIR, lo, hi, count, crc, start, end]."""
+    return [Part(int(lo), int(hi), int(start), int(end), int(n), INDEX_DIR + name, int(c))
+            for name, lo, hi, n, c, start, end in rows]
+
+
+def _manifest_row(part: Part) -> list[object]:
+    assert part.key is not None and part.key.startswith(INDEX_DIR)
+    return [part.key[len(INDEX_DIR):], part.lo, part.hi, part.fragments, part.crc, part.start,
+            part.end]
 
 
 def decode_snapshot(version: int, manifest: bytes, fetch: Callable[[str], bytes]) -> ReplayState:
@@ -182,16 +188,17 @@ def _fetch_format2(key: str, rows: list[list[Any]], fetch: Callable[[str], bytes
         except _PARSE_ERRORS as e:
             raise CorruptLogError(f"snapshot {key}: segment {seg_key} cannot be read: {e}") \
                 from None
-        part = Part(lo, hi, cols.start, cols.end, count, seg_key, crc, cols)
-        check_part(part, cols)
-        return part
+        check_part(Part(lo, hi, cols.start, cols.end, count, seg_key, crc), cols)
+        # Held in memory, unnamed: the next snapshot cuts it into format 3 segments (a
+        # format 2 block could hold half the stream).
+        return Part(lo, hi, cols.start, cols.end, count, cols=cols)
 
     try:
         rows = [list(r) for r in rows]
     except _PARSE_ERRORS as e:
         raise CorruptLogError(f"snapshot {key} cannot be read: {e}") from None
     parts = list(shared_pool().map(load, rows)) if len(rows) > 1 else [load(r) for r in rows]
-    return [p for p in parts if p.count]
+    return [p for p in parts if p.fragments]
 
 
 def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
@@ -220,19 +227,21 @@ def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
             flush()
             if p.cols is not None:
                 index.remember(str(p.key), p.cols)
-            parts.append(replace(p, cols=None))
+            parts.append(p._replace(cols=None))
         elif p.key is None:
             run.append(p)
         else:  # stored, and a reclaim may have shrunk it
             flush()
             cols = index.load(p)
-            if len(cols):
+            if len(cols) == p.fragments:
+                parts.append(p._replace(pending=()))  # it did not
+            elif len(cols):
                 parts.append(_put_segment(store, index, shrunk_key(p.key, p.pending[-1].version),
                                           p.lo, p.hi, cols))
     flush()
     try:
         store.put(snapshot_key(state.version),
-                  _encode_manifest(state, [p.manifest_row() for p in parts]), mode="create")
+                  _encode_manifest(state, [_manifest_row(p) for p in parts]), mode="create")
         ours = True
     except AlreadyExistsError:
         ours = False  # another writer's: name its segments, which gc keeps, not ours
@@ -253,39 +262,46 @@ def _put_segment(store: ObjectStore, index: FragmentIndex, key: str, lo: int, hi
     try:
         store.put(key, data, mode="create")
     except AlreadyExistsError:
-        data = store.get(key)  # another writer's bytes (maybe another pyarrow's)
+        # Another writer's bytes (maybe another pyarrow's). Put them back as they are: a
+        # fresh timestamp keeps gc from deleting them as unnamed before our manifest lands.
+        try:
+            data = store.get(key)
+            store.put(key, data, mode="overwrite")
+        except NotFoundError:
+            store.put(key, data, mode="create")
     index.remember(key, cols)
     return Part(lo, hi, cols.start, cols.end, len(cols), key, zlib.crc32(data))
 
 
 def rebase(store: ObjectStore, state: ReplayState) -> bool:
-    """Swaps the fragments ``state`` holds only in memory for the segments of the newest
-    snapshot at or before its version, if that snapshot covers some of them: one GET of a
-    manifest, no segment. Returns whether it did.
+    """Swaps what ``state`` holds only in memory, and stored parts a reclaim shrank since,
+    for the segments of the newest snapshot at or before its version: one GET of a manifest,
+    no segment. Returns False if that manifest is not there (yet) to rebase on.
 
     Raises:
         StoreError: the store failed.
     """
-    memory = [p for p in state.index.parts if p.key is None]
+    index = state.index
     interval = state.stream_meta.snapshot_interval
     version = state.version // interval * interval
-    if not memory or version <= memory[0].lo:
-        return False
+    memory = [p for p in index.parts if p.key is None]
+    stale = any(r.version <= version for p in index.parts for r in p.pending)
+    if not (memory and version > memory[0].lo or stale):
+        return True  # nothing a newer manifest would change
     try:
         _, rows, fmt = _parse_manifest(version, store.get(snapshot_key(version)))
         stored = _stored_parts(rows) if fmt == 3 else None
     except NotFoundError:
         return False  # not written yet: its writer may still be at it
     except _PARSE_ERRORS:
-        return False  # damaged: keep what is in memory
+        return True  # damaged: keep what is in memory (opening falls back the same way)
     if stored is None:
-        return False
-    index = state.index
+        return True  # format 2: nothing to gain
     later = [r for r in index.removals if r.version > version]
     parts = []
     for p in stored:
         pending = tuple(r for r in later if r.paths and p.start < r.below)
-        parts.append(replace(p, pending=pending) if pending else p)
+        parts.append(p._replace(pending=pending) if pending else p)
     parts += [p for p in index.parts if p.lo >= version]
     index.fetch = index.fetch or store.get
     index.replace_parts(parts)
@@ -304,7 +320,8 @@ def snapshot_segments(store: ObjectStore, version: int) -> list[str]:
     data = store.get(snapshot_key(version))
     try:
         info = _read_manifest(data)
-        return [str(s[0]) for s in info["segments"]]
+        prefix = "" if info["format"] == 2 else INDEX_DIR  # format 2 rows hold whole keys
+        return [prefix + str(s[0]) for s in info["segments"]]
     except _PARSE_ERRORS as e:
         raise CorruptLogError(f"snapshot {snapshot_key(version)} cannot be read: {e}") from None
 

@@ -77,7 +77,8 @@ class Stream:
         self.store = store
         self.storage_options = storage_options
         self._state = state
-        self._rebased = state.version
+        self._rebase_at = (state.version // state.stream_meta.snapshot_interval + 1) * \
+            state.stream_meta.snapshot_interval
         self._damaged_index = False
         self._lock = threading.Lock()
         self._reader = FragmentReader(store)
@@ -136,12 +137,15 @@ class Stream:
         it holds in memory for the newest snapshot's segments, so memory does not grow with
         what others commit."""
         interval = state.stream_meta.snapshot_interval
-        if state.version // interval > self._rebased // interval and not self._damaged_index:
-            self._rebased = state.version
+        if state.version >= self._rebase_at and not self._damaged_index:
             try:
-                rebase(self.store, state)
+                done = rebase(self.store, state)
             except StoreError:
-                pass  # only memory: the next interval tries again
+                done = False  # only memory and stale names: try again soon
+            # The manifest may not be written yet (its writer is racing this handle): try
+            # again a tenth of an interval on, and after a success, at the next snapshot.
+            self._rebase_at = (state.version // interval + 1) * interval if done else \
+                state.version + max(1, interval // 10)
         with self._lock:
             if state.version > self._state.version or \
                     replace and state.version == self._state.version:
@@ -372,9 +376,7 @@ class Stream:
         try:
             fragments = self._visible(self._state, step, span.start, span.stop)
         except SegmentError as e:
-            self._damaged_index = True  # rebasing would name the damaged segment again
-            self._publish(replay_log(self.store, e), replace=True)
-            fragments = self._visible(self._state, step, span.start, span.stop)
+            fragments = self._visible(self._recover(e), step, span.start, span.stop)
         if columns is not None:
             unknown = [c for c in columns if c not in self.schema.names]
             if unknown:
@@ -387,6 +389,18 @@ class Stream:
         schema = self.schema if columns is None else pa.schema(
             [self.schema.field(c) for c in columns])
         return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def _recover(self, damage: SegmentError) -> ReplayState:
+        """A state without the segment ``damage`` names: reopened from the newest snapshot
+        (the segment may have been superseded, and gc deleted it, while this handle held an
+        older manifest's names), or else replayed from the log alone."""
+        log.warning("%s; reopening %s", damage, self.uri)
+        state = load_state(self.store, self.uri)
+        if any(part.key == damage.key for part in state.index.parts):
+            self._damaged_index = True  # rebasing would name the damaged segment again
+            state = replay_log(self.store, damage)
+        self._publish(state, replace=True)
+        return state
 
     def _visible(self, s: ReplayState, step: int, lo: int, hi: int) -> list[Fragment]:
         b = self.global_batch_size

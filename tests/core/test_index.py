@@ -12,7 +12,7 @@ import pytest
 import lakestream
 from lakestream.errors import CorruptLogError
 from lakestream.index import CACHED_SEGMENTS, SEGMENT_FRAGMENTS, FragmentIndex
-from lakestream.log import Append, FragmentRef, Reclaim
+from lakestream.log import Append, FragmentRef, Reclaim, encode_entry, log_key
 from lakestream.producers import Producer
 from lakestream.snapshot import INDEX_DIR, load_state, snapshot_key
 from lakestream.store import open_store
@@ -149,15 +149,44 @@ def test_a_reclaim_shrinks_stored_segments_when_they_are_read(tmp_path) -> None:
     assert reopened.state.all_fragments() == s.state.all_fragments()
 
 
-def test_a_reclaim_of_a_fragment_past_its_point_is_caught_when_its_segment_is_read(
-        tmp_path) -> None:
+def test_a_reclaim_of_a_fragment_past_its_point_is_corrupt_for_every_handle(tmp_path) -> None:
+    # Regression: a handle holding the fragment in memory refused the entry at replay, one
+    # holding it in a stored segment ignored it or failed later, when reading the segment.
     uri = str(tmp_path / "s")
     _wide(uri, 100, per_entry=10)
-    s = lakestream.open(uri)
-    bad = (FragmentRef("data/x/000000003.parquet", 1, 100, 3, -1, 7),)
-    s.commit(lambda _state, cid: Reclaim(2, bad, cid))  # offset 3 is past the point 2
-    with pytest.raises(CorruptLogError, match="000000003"):
-        s.state.all_fragments()
+    stored = lakestream.open(uri)  # from the snapshot at version 10: segments
+    replayed = lakestream.open(uri)
+    replayed._state = load_state(NoSnapshots(replayed.store), uri)  # fragments in memory
+    bad = (FragmentRef("data/x/000000050.parquet", 1, 100, 50, -1, 7),)
+    v = stored.version + 1
+    stored.store.put(log_key(v), encode_entry(Reclaim(2, bad, "bad")), mode="create")
+    for handle in (stored, replayed):
+        with pytest.raises(CorruptLogError, match="000000050"):
+            handle.refresh()
+
+
+class NoSnapshots:
+    """A store in which no snapshot can be found: opening replays the log."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def get(self, key: str) -> bytes:
+        if key.startswith("_lakestream/"):
+            from lakestream.errors import NotFoundError
+
+            raise NotFoundError(key)
+        data: bytes = self.inner.get(key)
+        return data
+
+    def head(self, key: str) -> Any:
+        return self.get(key) and self.inner.head(key)
+
+    def list(self, prefix: str) -> Any:
+        return iter(()) if prefix.startswith("_lakestream/") else self.inner.list(prefix)
 
 
 def test_a_damaged_segment_is_named_when_read(tmp_path) -> None:
@@ -182,7 +211,7 @@ def test_a_format_2_snapshot_still_opens(tmp_path) -> None:
     data = store.get(snapshot_key(10))
     body = json.loads(data.rpartition(b"\ncrc32:")[0])
     body["format"] = 2
-    body["segments"] = [row[:5] for row in body["segments"]]
+    body["segments"] = [[INDEX_DIR + row[0], *row[1:5]] for row in body["segments"]]
     old = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     store.put(snapshot_key(10), old + b"\ncrc32:" + str(zlib.crc32(old)).encode() + b"\n")
     s = lakestream.open(uri)
@@ -202,3 +231,62 @@ def test_a_handle_that_wrote_its_segments_fetches_them_back_once_evicted(tmp_pat
         s.append(rows(4 * k, 4))
     assert s.state.index.in_memory == 0
     assert [f.offset for f in s.state.fragments_between(0, 4)] == [0]  # no fallback
+
+
+def test_a_stale_handle_reopens_when_gc_deleted_a_segment_a_reclaim_superseded(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: a handle that held an old manifest's segment names hit a deleted segment
+    # after a reclaim rewrote it and gc swept the original; its only way out replayed the
+    # log from version 0, which gc had compacted away.
+    import lakestream.stream
+
+    uri = str(tmp_path / "s")
+    writer = lakestream.create(uri, SCHEMA, global_batch_size=4, snapshot_interval=4)
+    for k in range(8):
+        writer.append(rows(4 * k, 4))
+    stale = lakestream.open(uri)  # names the segments of snapshot 8
+    writer.mark_checkpoint("train", 2)
+    writer.retain(keep_last=1)  # shrinks the segment holding steps 0-3
+    while writer.version < 16:  # two more snapshots: gc keeps none that names the original
+        writer.append(rows(100, 4))
+    writer.gc(grace_seconds=0)
+
+    def no_replay(*_: Any) -> Any:
+        raise AssertionError("replayed the log instead of reopening")
+
+    held = {p.key for p in stale.state.index.parts}
+    assert held - {m.key for m in writer.store.list(INDEX_DIR)}  # gc deleted one it names
+    monkeypatch.setattr(lakestream.stream, "replay_log", no_replay)
+    assert ids(stale.read_step(3)) == [12, 13, 14, 15]
+
+
+def test_a_segment_put_that_finds_its_key_taken_refreshes_its_timestamp(tmp_path) -> None:
+    # Regression: the writer reused an unnamed segment a dead writer had left, with its old
+    # timestamp, so gc could delete it before the new manifest named it.
+    import os
+
+    from lakestream.index import Columns
+    from lakestream.snapshot import _put_segment
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4,
+                          snapshot_interval=1)
+    s.append(rows(0, 4))
+    part = s.state.index.parts[0]
+    assert part.key is not None
+    path = os.path.join(s.uri, part.key)
+    os.utime(path, (1_000_000_000, 1_000_000_000))
+    cols = Columns.from_fragments(s.state.all_fragments())
+    _put_segment(s.store, s.state.index.copy(), part.key, part.lo, part.hi, cols)
+    assert s.store.head(part.key).last_modified > 1_000_000_000 + 3600
+
+
+def test_a_reclaim_that_shrinks_nothing_rewrites_no_segment(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    _wide(uri, 100, per_entry=10)
+    s = lakestream.open(uri)
+    keys = [p.key for p in s.state.index.parts]
+    void = (FragmentRef("data/void/0.parquet", 1, 100, 0, 0, 7),)  # not a live file
+    s.commit(lambda _state, cid: Reclaim(50, void, cid))
+    while s.version % 10:
+        s.append(rows(0, 4))
+    assert [p.key for p in s.state.index.parts][:len(keys)] == keys
