@@ -198,6 +198,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[2].plot(xs, [r["producer_samples_per_s"] for r in rows], "o-", label="producer")
     axes[2].set_ylabel("committed samples/s")
     for ax in axes:
+        ax.set_ylim(bottom=0)
         ax.set_xscale("log")
         ax.set_xlabel("live fragments")
         ax.legend()

@@ -213,7 +213,7 @@ def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
 
     def flush() -> None:
         if run:
-            cols = Columns.concat([p.cols for p in run if p.cols is not None])
+            cols = Columns.concat([index.load(p) for p in run])
             lo, hi = run[0].lo, run[-1].hi
             reclaim = newest_reclaim if newest_reclaim > lo else 0
             for n, a in enumerate(range(0, len(cols), SEGMENT_FRAGMENTS)):
@@ -225,9 +225,7 @@ def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
     for p in index.parts:
         if p.exact:
             flush()
-            if p.cols is not None:
-                index.remember(str(p.key), p.cols)
-            parts.append(p._replace(cols=None))
+            parts.append(p)
         elif p.key is None:
             run.append(p)
         else:  # stored, and a reclaim may have shrunk it

@@ -17,6 +17,7 @@ from lakestream.errors import StepNotAvailableError
 from lakestream.inventory import unreferenced
 from lakestream.log import Fence
 from lakestream.progress import publish_progress
+from lakestream.tail import TAIL_WIDTH
 from tests.core.test_open import CountingStore
 from tests.helpers import SCHEMA, delta_ids, ids, rows
 
@@ -141,7 +142,10 @@ def test_a_long_log_compacts_to_what_is_retained(tmp_path, monkeypatch) -> None:
     report = s.gc(grace_seconds=0)
     assert report.log_entries > 19_000 and report.data_files == 18
     opened, after = _counted_open(uri, monkeypatch)
-    assert opened.version == s.version and after == before  # gc leaves opening as cheap
+    # gc leaves opening as cheap: the same requests, but for the reads past the head that
+    # a parallel round of the tail read has started when it finds the head (timing decides)
+    assert opened.version == s.version and after["head"] == before["head"]
+    assert abs(after["get"] - before["get"]) < TAIL_WIDTH, (before, after)
     objects = sum(1 for _ in s.store.list(""))
     assert objects < 400, objects  # O(retained): the tail of the log, 2 snapshots, 2 files
     assert ids(lakestream.open(uri).read_step(9)) == [36, 37, 38, 39]
