@@ -9,7 +9,7 @@ import time
 import lakestream
 from lakestream.errors import NotFoundError
 from lakestream.log import Fence, log_key, log_version
-from tests.helpers import SCHEMA, delta_ids, ids, rows
+from tests.helpers import SCHEMA, HookedStore, delta_ids, ids, rows
 
 WRITERS, APPENDS, ROWS = 4, 8, 2
 
@@ -143,63 +143,31 @@ def test_catching_up_stops_at_the_head_without_waiting_for_reads_past_it(tmp_pat
     behind = lakestream.open(uri)
     for epoch in range(1, 41):
         ahead.commit(lambda _s, cid, e=epoch: Fence("busy", e, cid))
-    stuck = _StuckPastHead(behind.store, head=40)
+    release, lock, waiting = threading.Event(), threading.Lock(), [0]
+
+    def stuck_past_head(op: str, key: str, phase: str) -> None:
+        # GETs up to version 41 (the first absent one) take 5 ms; those past it hang until
+        # released.
+        if op != "get" or phase != "before":
+            return
+        if log_version(key) <= 41:
+            time.sleep(0.005)
+            return
+        with lock:
+            waiting[0] += 1
+        release.wait(10)
+        with lock:
+            waiting[0] -= 1
+
     try:
         state = behind._state
-        catch_up(stuck, state)  # type: ignore[arg-type]
+        t0 = time.monotonic()
+        catch_up(HookedStore(behind.store, stuck_past_head), state)  # type: ignore[arg-type]
         assert state.version == 40
-        assert stuck.waiting > 0  # it returned while reads past the head still hung
+        assert waiting[0] > 0  # it returned while reads past the head still hung
+        assert time.monotonic() - t0 < 5  # well before any of them was released
     finally:
-        stuck.release.set()
-
-
-class _StuckPastHead:
-    """GETs of log versions up to ``head`` take 5 ms; those past it hang until released."""
-
-    def __init__(self, inner: object, head: int) -> None:
-        self._inner, self._head = inner, head
-        self.release = threading.Event()
-        self._lock = threading.Lock()
-        self.waiting = 0
-
-    def __getattr__(self, name: str) -> object:
-        attr = getattr(self._inner, name)
-        if name != "get":
-            return attr
-
-        def get(key: str) -> object:
-            if log_version(key) <= self._head:
-                time.sleep(0.005)
-            else:
-                with self._lock:
-                    self.waiting += 1
-                self.release.wait(10)
-                with self._lock:
-                    self.waiting -= 1
-            return attr(key)
-
-        return get
-
-
-def test_a_producer_far_behind_catches_up_in_parallel(tmp_path) -> None:
-    # Regression: catching up read one entry per request. A producer 150 versions behind on
-    # a loaded endpoint spent 9 s in one commit chasing a head that another producer moved
-    # as fast as it read; with 10 ms requests, 300 entries one by one take at least 3 s.
-    from lakestream.tail import read_tail
-
-    uri = str(tmp_path / "s")
-    ahead = lakestream.create(uri, SCHEMA, global_batch_size=2, snapshot_interval=100_000)
-    behind = lakestream.open(uri)
-    for epoch in range(1, 301):
-        ahead.commit(lambda _s, cid, e=epoch: Fence("busy", e, cid))
-    state = behind._state
-    slow = _Slow(behind.store, 0.01)
-    read_tail(slow, state)  # type: ignore[arg-type]
-    assert state.version == 300
-    # Counted, not timed: one read at a time is a chain of 301 reads (each begun after the
-    # one before it ended); reads in parallel rounds make the longest such chain a few per
-    # round, and rounds of up to TAIL_WIDTH entries.
-    assert slow.reads >= 301 and slow.chain * 4 <= slow.reads, (slow.chain, slow.reads)
+        release.set()
 
 
 class _Slow:
