@@ -340,18 +340,7 @@ class FragmentIndex:
         if self.fetch is None:
             raise SegmentError(f"index segment {part.key} is not in memory and this index "
                                "has no store to fetch it from", part.key)
-        try:
-            data = self.fetch(part.key)
-        except NotFoundError:
-            raise SegmentError(f"index segment {part.key} is missing", part.key) from None
-        if zlib.crc32(data) != part.crc:
-            raise SegmentError(f"index segment {part.key} has CRC-32 {zlib.crc32(data)}, "
-                               f"the manifest recorded {part.crc}: it is damaged", part.key)
-        try:
-            cols = decode_segment(data)
-        except (ValueError, OSError, pa.ArrowException) as e:
-            raise SegmentError(f"index segment {part.key} cannot be read: {e}",
-                               part.key) from None
+        cols = fetch_segment(self.fetch, part.key, part.crc)
         check_part(part, cols)
         return cols
 
@@ -399,6 +388,26 @@ class FragmentIndex:
     def in_memory(self) -> int:
         """Fragments held in memory only (not yet in a segment)."""
         return sum(p.fragments for p in self.parts if p.key is None)
+
+
+def fetch_segment(fetch: Fetch, key: str, crc: int) -> Columns:
+    """Segment ``key``, fetched and checked against the CRC-32 its manifest recorded.
+
+    Raises:
+        SegmentError: it is missing, damaged or unreadable.
+        StoreError: the store failed.
+    """
+    try:
+        data = fetch(key)
+    except NotFoundError:
+        raise SegmentError(f"index segment {key} is missing", key) from None
+    if zlib.crc32(data) != crc:
+        raise SegmentError(f"index segment {key} has CRC-32 {zlib.crc32(data)}, the manifest "
+                           f"recorded {crc}: it is damaged", key)
+    try:
+        return decode_segment(data)
+    except (ValueError, OSError, pa.ArrowException) as e:
+        raise SegmentError(f"index segment {key} cannot be read: {e}", key) from None
 
 
 def check_part(part: Part, cols: Columns) -> None:

@@ -38,8 +38,8 @@ from lakestream.index import (
     FragmentIndex,
     Part,
     check_part,
-    decode_segment,
     encode_segment,
+    fetch_segment,
 )
 from lakestream.log import FragmentRef, StreamMeta, log_key
 from lakestream.replay import Marker, ProducerState, ReplayState
@@ -175,19 +175,7 @@ def _fetch_format2(key: str, rows: list[list[Any]], fetch: Callable[[str], bytes
     def load(row: list[Any]) -> Part:
         seg_key, lo, hi, count, crc = str(row[0]), int(row[1]), int(row[2]), int(row[3]), \
             int(row[4])
-        try:
-            data = fetch(seg_key)
-        except NotFoundError:
-            raise CorruptLogError(f"snapshot {key} names {seg_key}, which is missing") from None
-        if zlib.crc32(data) != crc:
-            raise CorruptLogError(f"snapshot {key}: segment {seg_key} has CRC-32 "
-                                  f"{zlib.crc32(data)}, the manifest recorded {crc}: it is "
-                                  "damaged")
-        try:
-            cols = decode_segment(data)
-        except _PARSE_ERRORS as e:
-            raise CorruptLogError(f"snapshot {key}: segment {seg_key} cannot be read: {e}") \
-                from None
+        cols = fetch_segment(fetch, seg_key, crc)
         check_part(Part(lo, hi, cols.start, cols.end, count, seg_key, crc), cols)
         # Held in memory, unnamed: the next snapshot cuts it into format 3 segments (a
         # format 2 block could hold half the stream).
