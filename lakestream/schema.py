@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -209,28 +210,72 @@ def _non_finite(column: pa.ChunkedArray) -> int:
 def sample_bytes(table: pa.Table) -> pa.Array:
     """The approximate size of each row: fixed-width values, and the values of lists and
     strings it holds."""
-    total = pa.array([0] * table.num_rows, pa.int64())
-    for column in table.columns:
-        size = _row_sizes(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0))
-        total = pc.add(total, size)
+    total = pa.array(np.zeros(table.num_rows, np.int64))
+    for column in _columns(table):
+        total = pc.add(total, _row_sizes(column))
     return total
+
+
+def oversized_sample(table: pa.Table, limit: int) -> tuple[int, int] | None:
+    """The first row whose ``sample_bytes`` exceeds ``limit``, with that size; None if none.
+
+    No row is larger than the rows' sum, which costs one pass over each column's lengths
+    (no per-row array is built): only a table whose sum exceeds ``limit`` is sized row by
+    row.
+    """
+    if sum(_column_bytes(c) for c in _columns(table)) <= limit:
+        return None
+    sizes = sample_bytes(table)
+    largest = pc.max(sizes).as_py() or 0
+    if largest <= limit:
+        return None
+    return pc.index(sizes, largest).as_py(), largest
+
+
+def _columns(table: pa.Table) -> list[pa.Array]:
+    return [c.combine_chunks() if c.num_chunks != 1 else c.chunk(0) for c in table.columns]
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) \
+        or pa.types.is_large_string(t)
+
+
+def _value_width(values: pa.Array) -> int:
+    """Bytes counted per value of a list column (its values' average, at least one)."""
+    inner = values.values
+    return max(1, round(inner.nbytes / max(1, len(inner))))
+
+
+def _fixed_width(t: pa.DataType) -> int:
+    try:
+        return max(1, t.byte_width)
+    except ValueError:  # not fixed-width (a struct, say): count a word per row
+        return 8
 
 
 def _row_sizes(values: pa.Array) -> pa.Array:
     t = values.type
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
+    if _is_list(t):
         lengths = pc.fill_null(pc.list_value_length(values), 0).cast(pa.int64())
-        inner = values.values
-        width = inner.nbytes / max(1, len(inner))
-        return pc.multiply(lengths, max(1, round(width)))
-    if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) \
-            or pa.types.is_large_string(t):
+        return pc.multiply(lengths, _value_width(values))
+    if _is_bytes(t):
         return pc.fill_null(pc.binary_length(values), 0).cast(pa.int64())
-    try:
-        width = max(1, t.byte_width)
-    except ValueError:  # not fixed-width (a struct, say): count a word per row
-        width = 8
-    return pa.array([width] * len(values), pa.int64())
+    return pa.array(np.full(len(values), _fixed_width(t), np.int64))
+
+
+def _column_bytes(values: pa.Array) -> int:
+    """The sum of ``_row_sizes(values)``, in one pass over lengths."""
+    t = values.type
+    if _is_list(t):
+        return int(pc.sum(pc.list_value_length(values)).as_py() or 0) * _value_width(values)
+    if _is_bytes(t):
+        return int(pc.sum(pc.binary_length(values)).as_py() or 0)
+    return len(values) * _fixed_width(t)
 
 
 def _check_names(names: list[str], schema: pa.Schema, where: str, *, ordered: bool) -> None:

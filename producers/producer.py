@@ -12,7 +12,6 @@ from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lakestream.errors import LakestreamError
 from lakestream.failpoints import failpoint
@@ -22,7 +21,7 @@ from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
 from lakestream.progress import check_group, read_progress
 from lakestream.replay import ReplayState
-from lakestream.schema import conform, sample_bytes
+from lakestream.schema import conform, oversized_sample
 from lakestream.stream import Stream
 
 LATENCY_WINDOW = 4096
@@ -198,12 +197,11 @@ class Producer:
             raise ValueError(f"producer {self.producer_id}: a fragment of {nbytes} bytes "
                              f"exceeds max_fragment_bytes={self.options.max_fragment_bytes}; "
                              "split the write")
-        sizes = sample_bytes(table)
-        largest = pc.max(sizes).as_py() or 0
-        if largest > self.options.max_sample_bytes:
-            row = pc.index(sizes, largest).as_py()
+        oversized = oversized_sample(table, self.options.max_sample_bytes)
+        if oversized is not None:
+            row, size = oversized
             raise ValueError(f"producer {self.producer_id}: sample {row} of the write is about "
-                             f"{largest} bytes, over max_sample_bytes="
+                             f"{size} bytes, over max_sample_bytes="
                              f"{self.options.max_sample_bytes}; drop or truncate it")
         if state is not None:
             check_state(state)  # before anything is uploaded

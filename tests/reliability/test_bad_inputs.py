@@ -63,6 +63,43 @@ def test_an_oversized_sample_is_refused_naming_it(tmp_path) -> None:
     assert _unchanged(s, version)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_sample_size_check_skips_no_oversized_sample(seed: int) -> None:
+    """The check sizes rows only when a column total could exceed the limit: on sliced,
+    chunked, null-holding tables of lists, strings and scalars it finds exactly the rows a
+    row-by-row sizing finds, at limits on both sides of the largest sample."""
+    import random
+
+    from lakestream.schema import oversized_sample, sample_bytes
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 40)
+
+    def lists() -> list[list[int] | None]:
+        return [None if rng.random() < 0.1 else list(range(rng.randint(0, 300)))
+                for _ in range(n)]
+
+    table = pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "tokens": pa.array(lists(), pa.list_(pa.int32())),
+        "nested": pa.array([[x] if x else x for x in lists()], pa.list_(pa.list_(pa.int16()))),
+        "text": pa.array([None if rng.random() < 0.1 else "x" * rng.randint(0, 900)
+                          for _ in range(n)]),
+        "flag": pa.array([rng.random() < 0.5 for _ in range(n)]),
+    })
+    if n > 2 and rng.random() < 0.5:
+        table = table.slice(1, n - 2)
+    if rng.random() < 0.5:
+        table = pa.concat_tables([table.slice(0, table.num_rows // 2),
+                                  table.slice(table.num_rows // 2)])
+    sizes = sample_bytes(table).to_pylist()
+    largest = max(sizes)
+    for limit in (0, largest - 1, largest, largest + 1, 10 * largest + 10):
+        found = oversized_sample(table, limit)
+        expected = None if largest <= limit else (sizes.index(largest), largest)
+        assert found == expected, (limit, found, expected)
+
+
 @pytest.mark.parametrize("data, error, match", [
     ([], ValueError, "0 rows"),
     ({"id": [], "tokens": [], "reward": []}, ValueError, "0 rows"),
