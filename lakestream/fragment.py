@@ -27,7 +27,7 @@ def fragment_key(producer: str, epoch: int, seq: int) -> str:
     return f"{DATA_DIR}{producer}/{epoch}-{seq}-{uuid.uuid4().hex}.parquet"
 
 
-def put_fragment(store: ObjectStore, key: str, body: bytes) -> None:
+def put_fragment(store: ObjectStore, key: str, body: bytes | memoryview) -> None:
     """Creates the fragment at ``key`` (a key only this writer names, see ``fragment_key``).
 
     A 412 can only be our own earlier attempt, retried after its reply was lost: the object
@@ -44,29 +44,40 @@ def _is_nested(t: pa.DataType) -> bool:
 
 
 def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zstd",
-                    compression_level: int | None = 1) -> bytes:
-    """Parquet bytes for ``table``, with row groups aligned to ``group_size``.
+                    compression_level: int | None = 1) -> memoryview:
+    """Parquet bytes for ``table``, with row groups aligned to ``group_size``: a view of
+    Arrow's buffer, not a copy (stores, ``zlib.crc32`` and files take it as it is).
 
     Dictionary encoding and statistics are kept for scalar columns (ids, rewards, versions
     repeat and are cheap to encode) and turned off for list and binary columns (tokens,
     log-probs, images), where they cost time and save little.
+
+    Every byte stays checked on read: a fragment up to ``WHOLE_FILE_BYTES`` is read whole
+    and checked against the CRC-32 its commit records, so only larger ones carry Parquet
+    page checksums (their row groups are read alone). One that grows past the bound
+    despite a small table is encoded again, with them.
     """
     n = table.num_rows
     per_row = max(1, table.nbytes // max(1, n))
     rows = max(group_size, (ROW_GROUP_TARGET_BYTES // per_row) // group_size * group_size)
     scalar = [f.name for f in table.schema if not _is_nested(f.type)]
-    sink = pa.BufferOutputStream()
-    pq.write_table(
-        table,
-        sink,
-        row_group_size=rows,
-        compression=compression,
-        compression_level=compression_level if compression != "none" else None,
-        use_dictionary=scalar,
-        write_statistics=scalar,
-        write_page_checksum=True,
-    )
-    return bytes(sink.getvalue().to_pybytes())
+    checksums = table.nbytes > WHOLE_FILE_BYTES // 2
+    while True:
+        sink = pa.BufferOutputStream()
+        pq.write_table(
+            table,
+            sink,
+            row_group_size=rows,
+            compression=compression,
+            compression_level=compression_level if compression != "none" else None,
+            use_dictionary=scalar,
+            write_statistics=scalar,
+            write_page_checksum=checksums,
+        )
+        body = memoryview(sink.getvalue()).cast("B")
+        if checksums or len(body) <= WHOLE_FILE_BYTES:
+            return body
+        checksums = True
 
 
 class FragmentReader:

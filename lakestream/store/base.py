@@ -33,8 +33,11 @@ class ObjectStore(Protocol):
     @property
     def uri(self) -> str: ...
 
-    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> None:
-        """Writes ``data`` atomically; with ``mode="create"`` only if ``key`` is absent."""
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> None:
+        """Writes ``data`` atomically; with ``mode="create"`` only if ``key`` is absent.
+
+        ``data`` may be a ``memoryview`` of bytes (format ``B``): fragments are written from
+        Arrow's buffer without a copy."""
         ...
 
     def get(self, key: str) -> bytes: ...

@@ -202,7 +202,7 @@ class S3Store:
                 f"({_first_line(e)}); see docs/deployment.md for the policies")
         return StoreError(f"{what} {where} failed: {_first_line(e)}")
 
-    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> None:
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> None:
         """Writes ``data``; a 409 (a conflicting write in flight) is retried here, with
         capped jittered backoff, since the client does not retry it. After a retry a 412
         may be our own earlier attempt: callers of ``mode="create"`` tell (a commit reads

@@ -1,0 +1,60 @@
+"""Fragment encoding: every byte a reader takes is checked, by the whole-file CRC-32 the
+commit records or, for fragments read by row group, by Parquet's page checksums."""
+
+from __future__ import annotations
+
+import zlib
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lakestream import fragment
+from lakestream.errors import CorruptLogError
+from lakestream.fragment import FragmentReader, encode_fragment
+from lakestream.store.local import LocalStore
+
+
+def _table(n: int, width: int) -> pa.Table:
+    return pa.table({"id": pa.array(range(n), pa.int64()),
+                     "tokens": pa.array([list(range(i, i + width)) for i in range(n)],
+                                        pa.list_(pa.int32()))})
+
+
+def _damage_tokens(body: bytes) -> bytes:
+    """One flipped byte among the token values (the end of their column chunk)."""
+    col = pq.ParquetFile(pa.BufferReader(body)).metadata.row_group(0).column(1)
+    at = col.data_page_offset + col.total_compressed_size - 3
+    return body[:at] + bytes([body[at] ^ 0x40]) + body[at + 1:]
+
+
+def _read(tmp_path, body: bytes, crc32: int) -> pa.Table:
+    store = LocalStore(str(tmp_path))
+    store.put("f.parquet", body)
+    return FragmentReader(store).read("f.parquet", len(body), 0, 4, crc32=crc32)
+
+
+@pytest.mark.parametrize("whole_file_bytes, width", [(1 << 12, 2_000), (1 << 9, 2)],
+                         ids=["large-table", "small-table-large-file"])
+def test_a_fragment_read_by_row_group_carries_page_checksums(tmp_path, monkeypatch,
+                                                             whole_file_bytes, width) -> None:
+    """Past ``WHOLE_FILE_BYTES`` a reader takes row groups alone: a damaged page is named
+    there, whether the table was large or only its file came out large."""
+    monkeypatch.setattr(fragment, "WHOLE_FILE_BYTES", whole_file_bytes)
+    table = _table(4, width)
+    body = bytes(encode_fragment(table, 4, compression="none"))
+    assert len(body) > whole_file_bytes
+    assert (table.nbytes > whole_file_bytes // 2) == (width > 2)  # both ways to get there
+    assert _read(tmp_path / "ok", body, crc32=zlib.crc32(body)).num_rows == 4
+    with pytest.raises(CorruptLogError, match="f.parquet"):
+        _read(tmp_path / "bad", _damage_tokens(body), crc32=zlib.crc32(body))
+
+
+def test_a_small_fragment_is_checked_by_its_crc_alone(tmp_path) -> None:
+    """Below ``WHOLE_FILE_BYTES`` pages carry no checksum (the encoder skips that work):
+    the damage passes Parquet unseen and the whole-file CRC-32 names it."""
+    body = bytes(encode_fragment(_table(4, 64), 4, compression="none"))
+    damaged = _damage_tokens(body)
+    assert _read(tmp_path / "unchecked", damaged, crc32=-1).num_rows == 4  # no page checksum
+    with pytest.raises(CorruptLogError, match="CRC-32"):
+        _read(tmp_path / "checked", damaged, crc32=zlib.crc32(body))
