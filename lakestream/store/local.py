@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
 import uuid
 from collections.abc import Iterator
@@ -13,17 +15,26 @@ from lakestream.store.base import ObjectMeta, PutMode, check_key
 TMP_PREFIX = ".tmp-"
 
 
+_UNNAMED = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+"""Linux: a create writes an unnamed file (``O_TMPFILE``) and links it into place."""
+
+
 class LocalStore:
     """A directory as an object store.
 
-    ``put(mode="create")`` writes a temp file and hard-links it into place, so the object
-    appears whole or not at all and a second create fails, even across processes. Temp files
-    left by a killed writer start with ``.tmp-``; LIST skips them and gc removes them.
+    ``put(mode="create")`` writes the object in full before it gets its name, then links it
+    into place, so it appears whole or not at all and a second create fails, even across
+    processes. On Linux the file has no name until then (``O_TMPFILE``): a killed writer
+    leaves nothing. Elsewhere, and for overwrites (renamed into place), it is a temp file
+    whose name starts with ``.tmp-``; LIST skips those and gc removes them.
     """
 
     def __init__(self, root: str, *, fsync: bool = False) -> None:
         self.root = os.path.abspath(root)
         self.fsync = fsync
+        self._unnamed = _UNNAMED
+        self._tmp_prefix = f"{TMP_PREFIX}{uuid.uuid4().hex[:12]}"
+        self._tmp_count = itertools.count()
 
     @property
     def uri(self) -> str:
@@ -32,24 +43,70 @@ class LocalStore:
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *check_key(key).split("/"))
 
-    def _write_temp(self, path: str, data: bytes) -> str:
+    def _write(self, fd: int, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view):]
+        if self.fsync:
+            os.fsync(fd)
+
+    def _open_folder(self, folder: str) -> int:
+        """A descriptor of ``folder``, created on first use (not checked on every put)."""
+        try:
+            return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            os.makedirs(folder, exist_ok=True)
+            return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+
+    def _create_unnamed(self, path: str, data: bytes | memoryview) -> bool:
+        """Writes ``data`` as an unnamed file in ``path``'s folder and links it to ``path``;
+        False if the file system cannot make unnamed files (nothing is written then)."""
+        folder, name = os.path.split(path)
+        dfd = self._open_folder(folder)
+        try:
+            try:
+                fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
+            except OSError as e:
+                if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    self._unnamed = False
+                    return False
+                raise
+            try:
+                self._write(fd, data)
+                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dfd)
+        return True
+
+    def _write_temp(self, path: str, data: bytes | memoryview) -> str:
         folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if self.fsync:
-                f.flush()
-                os.fsync(f.fileno())
+        tmp = os.path.join(folder, f"{self._tmp_prefix}-{os.getpid()}-{next(self._tmp_count)}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            fd = os.open(tmp, flags, 0o644)
+        except FileNotFoundError:
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(tmp, flags, 0o644)
+        try:
+            self._write(fd, data)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
         return tmp
 
     def _rel(self, folder: str) -> str:
         rel = os.path.relpath(folder, self.root).replace(os.sep, "/")
         return "" if rel == "." else rel + "/"
 
-    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> None:
+    def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> None:
         path = self._path(key)
         try:
+            if mode == "create" and self._unnamed and self._create_unnamed(path, data):
+                return
             tmp = self._write_temp(path, data)
             try:
                 if mode == "create":

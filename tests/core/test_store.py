@@ -19,6 +19,9 @@ def store(backend):
 def test_put_get_head_list_delete(store) -> None:
     store.put("a/b/one", b"hello")
     store.put("a/two", b"world!", mode="create")
+    store.put("a/three", memoryview(b"a view, not a copy"), mode="create")
+    assert store.get("a/three") == b"a view, not a copy"
+    store.delete("a/three")
     assert store.get("a/b/one") == b"hello"
     assert store.get_range("a/two", 1, 4) == b"orl"
     meta = store.head("a/two")
@@ -61,6 +64,26 @@ def test_exactly_one_racing_create_wins(store) -> None:
     for t in threads:
         t.join()
     assert sorted(wins) == list(range(20))
+
+
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-file", "named-temp"])
+def test_local_creates_link_a_whole_file_and_leave_no_temp_file(tmp_path, unnamed) -> None:
+    """Both ways a local create works (an unnamed file where Linux has them, a named temp
+    file elsewhere): the object appears whole under its key, a second create fails, the
+    folder is made on first use, and nothing else is left in it."""
+    from lakestream.store.local import LocalStore
+
+    store = LocalStore(str(tmp_path))
+    store._unnamed = store._unnamed and unnamed
+    body = bytes(range(256)) * 4096  # larger than one write may take
+    store.put("data/p/1", memoryview(body), mode="create")
+    with pytest.raises(AlreadyExistsError):
+        store.put("data/p/1", b"again", mode="create")
+    store.put("data/p/2", b"over", mode="overwrite")
+    store.put("data/p/2", b"written", mode="overwrite")
+    assert store.get("data/p/1") == body and store.get("data/p/2") == b"written"
+    assert sorted(p.name for p in (tmp_path / "data" / "p").iterdir()) == ["1", "2"]
+    assert not list(store.list_temp(""))
 
 
 def test_open_input_reads_ranges(store) -> None:
