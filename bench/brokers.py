@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import payload
 import pyarrow as pa
+import reps
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUP, B, WORLD = 16, 256, 8
@@ -158,6 +159,7 @@ def _nats_producer(port: int, k: int, start_at: float, duration: float, out: Any
 
 def _lakestream_producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
                          duration: float, out: Any, compression: str) -> None:
+    from lakestream.fragment import encode_fragment
     from lakestream.producers import Producer, ProducerOptions
 
     tables = [payload.rollouts(GROUP, GROUP, seed=100 * k + s) for s in range(16)]
@@ -170,19 +172,48 @@ def _lakestream_producer(uri: str, options: dict[str, str] | None, k: int, start
         p.write(tables[n % len(tables)])
         n += 1
     p.abort()  # what is not committed by the deadline does not count
+    cpu = time.process_time() - cpu0
     done = p.stats.fragments_committed
     out.put({"samples": done * GROUP,
              "bytes": sum(nbytes_of[i % len(tables)] for i in range(done)),
-             "cpu_s": time.process_time() - cpu0})
+             "arrow_bytes": sum(tables[i % len(tables)].nbytes for i in range(done)),
+             "cpu_s": cpu})
+    # The encode floor, in the same process once every producer has reported: the same
+    # tables through pq.write_table with the producer's options, nothing else.
+    floor_cpu0, f = time.process_time(), 0
+    while time.process_time() - floor_cpu0 < FLOOR_CPU_S:
+        encode_fragment(tables[f % len(tables)], GROUP, compression=compression)
+        f += 1
+    floor_gb = sum(tables[i % len(tables)].nbytes for i in range(f)) / 1e9
+    floor = (time.process_time() - floor_cpu0) / floor_gb
+    # And what writing those bodies to the same store costs, alone.
+    store = p.stream.store
+    bodies = [encode_fragment(t, GROUP, compression=compression) for t in tables]
+    put_cpu0, f = time.process_time(), 0
+    while time.process_time() - put_cpu0 < FLOOR_CPU_S:
+        store.put(f"bench-floor/{k}/{f}.parquet", bodies[f % len(tables)], mode="create")
+        f += 1
+    put_gb = sum(tables[i % len(tables)].nbytes for i in range(f)) / 1e9
+    out.put({"floor_cpu_s_per_gb": floor,
+             "put_cpu_s_per_gb": (time.process_time() - put_cpu0) / put_gb})
+
+
+FLOOR_CPU_S = 1.5
+"""CPU seconds each Lakestream producer spends measuring its encode floor after its run."""
 
 
 def ingest(system: str, producers: int, duration: float, tmp: str,
-           s3: dict[str, str] | None) -> dict[str, Any]:
-    """``producers`` processes writing flat out for ``duration`` seconds."""
+           s3: dict[str, str] | None, s3_pid: int = 0) -> dict[str, Any]:
+    """``producers`` processes writing flat out for ``duration`` seconds. CPU counts the
+    producers and the server (Redis, NATS, or the S3 server for Lakestream on S3); for
+    Lakestream also against its encode floor (``floor_cpu_s_per_gb``, per GB of Arrow
+    data, as ``producer_cpu_s_per_arrow_gb``) and what putting the encoded bodies to the
+    same store costs alone (``put_cpu_s_per_gb``, the client's CPU: the producer's)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     start_at = time.time() + 3.0 + 0.4 * producers
     server: Server | None = None
+    server_pid = 0
     if system.startswith("redis"):
         server = redis_server(tmp)
         target, args = _redis_producer, (server.port,)
@@ -197,32 +228,53 @@ def ingest(system: str, producers: int, duration: float, tmp: str,
         uri = f"s3://bench/{system}-{producers}-{time.time_ns()}" if on_s3 else \
             f"{tmp}/{system}-{producers}"
         options = s3 if on_s3 else None
+        server_pid = s3_pid if on_s3 else 0
         lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=B, group_size=GROUP,
                           storage_options=options)
         target, args = _lakestream_producer, (uri, options)
+    if server is not None:
+        server_pid = server.proc.pid
     extra: tuple[Any, ...] = ()
     if system.startswith("nats"):
         extra = (system.split("-")[1],)
     elif system.startswith("lakestream"):
-        extra = ("none" if "none" in system else "zstd",)
+        extra = (codec(system),)
     procs = [ctx.Process(target=target, args=(*args, k, start_at, duration, out, *extra))
              for k in range(producers)]
     for p in procs:
         p.start()
     time.sleep(max(0.0, start_at - time.time()))
-    server_cpu0 = server.cpu() if server else 0.0
+    server_cpu0 = _cpu(server_pid) if server_pid else 0.0
     results = [out.get(timeout=duration + 120) for _ in procs]
-    server_cpu = (server.cpu() - server_cpu0) if server else 0.0
+    server_cpu = (_cpu(server_pid) - server_cpu0) if server_pid else 0.0
+    floors = [out.get(timeout=60) for _ in procs] if system.startswith("lakestream") else []
     for p in procs:
         p.join()
     samples = sum(r["samples"] for r in results)
     nbytes = sum(r["bytes"] for r in results)
-    cpu = sum(r["cpu_s"] for r in results) + server_cpu
+    producer_cpu = sum(r["cpu_s"] for r in results)
+    cpu = producer_cpu + server_cpu
     if server is not None:
         server.stop()
-    return {"system": system, "producers": producers, "samples_per_s": samples / duration,
-            "mb_per_s": nbytes / duration / 1e6, "cpu_s_per_gb": cpu / max(nbytes / 1e9, 1e-9),
-            "server_cpu_s": server_cpu}
+    row = {"system": system, "producers": producers, "samples_per_s": samples / duration,
+           "mb_per_s": nbytes / duration / 1e6, "cpu_s_per_gb": cpu / max(nbytes / 1e9, 1e-9),
+           "server_cpu_s": server_cpu}
+    if floors:
+        arrow_gb = max(sum(r["arrow_bytes"] for r in results) / 1e9, 1e-9)
+        row |= {"codec": extra[0],
+                "floor_cpu_s_per_gb": float(np.median([f["floor_cpu_s_per_gb"] for f in floors])),
+                "put_cpu_s_per_gb": float(np.median([f["put_cpu_s_per_gb"] for f in floors])),
+                "producer_cpu_s_per_arrow_gb": producer_cpu / arrow_gb}
+        row["over_floor"] = row["producer_cpu_s_per_arrow_gb"] / row["floor_cpu_s_per_gb"]
+    return row
+
+
+def codec(system: str) -> str:
+    """The codec a Lakestream system of this benchmark writes with: ``-none`` says none,
+    else the producer's default."""
+    from lakestream.producers import ProducerOptions
+
+    return "none" if "none" in system else ProducerOptions().compression
 
 
 def _nats_stream(port: int) -> None:
@@ -478,14 +530,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def plot_ingest(ax: Any, runs: list[dict[str, Any]], label: Any, rotation: int = 0) -> None:
-    """MB/s of each ingest run, 1 and 4 producers side by side."""
+    """MB/s of each ingest configuration (median, min-max bars), 1 and 4 producers side by
+    side."""
     for k, n in enumerate((1, 4)):
         rows = [r for r in runs if r["producers"] == n]
-        ax.bar([x + 0.4 * k for x in range(len(rows))], [r["mb_per_s"] for r in rows],
+        mid = [r["mb_per_s"] for r in rows]
+        err = [[m - r.get("mb_per_s_min", m) for m, r in zip(mid, rows, strict=True)],
+               [r.get("mb_per_s_max", m) - m for m, r in zip(mid, rows, strict=True)]]
+        ax.bar([x + 0.4 * k for x in range(len(rows))], mid, yerr=err, capsize=2,
                width=0.4, label=f"{n} producer{'s' if n > 1 else ''}")
         ax.set_xticks(range(len(rows)), [label(r) for r in rows], rotation=rotation,
                       ha="right" if rotation else "center", fontsize=8)
-    ax.set_title("ingest, MB/s of sample payload")
+    ax.set_title("ingest, MB/s of sample payload (median, min-max)")
     ax.legend()
 
 
@@ -498,6 +554,8 @@ def plot_consume(ax: Any, runs: list[dict[str, Any]], field: str, title: str) ->
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=float, default=6.0)
+    parser.add_argument("--reps", type=int, default=3,
+                        help="interleaved repetitions of every ingest run")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.s3server import start_s3
@@ -519,14 +577,21 @@ def main() -> None:
         "ingest": [], "latency": [], "consume": []}
     systems = ["redis", "nats-sync", "nats-async", "lakestream", "lakestream-none",
                "lakestream-s3"]
+    result["reps"] = args.reps
+    runs: list[dict[str, Any]] = []
     try:
-        for n in (1, 4):
-            for system in systems:
-                with tempfile.TemporaryDirectory() as tmp:
-                    r = ingest(system, n, args.duration, tmp, s3)
-                result["ingest"].append(r)
-                print(f"ingest {system:16} {n} producers {r['samples_per_s']:8.0f} samples/s "
-                      f"{r['mb_per_s']:7.1f} MB/s {r['cpu_s_per_gb']:6.1f} CPU-s/GB", flush=True)
+        for rep in range(args.reps):  # A B C ... A B C ...: drift hits every system alike
+            for n in (1, 4):
+                for system in systems:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        r = ingest(system, n, args.duration, tmp, s3, server.pid) | {"rep": rep}
+                    runs.append(r)
+                    print(f"rep {rep} ingest {system:16} {n} producers "
+                          f"{r['samples_per_s']:8.0f} samples/s {r['mb_per_s']:7.1f} MB/s "
+                          f"{r['cpu_s_per_gb']:6.1f} CPU-s/GB"
+                          + (f" ({r['over_floor']:.2f}x its encode floor)"
+                             if "over_floor" in r else ""), flush=True)
+        result["ingest"] = reps.summarise(runs, config)
         for system in ("redis", "nats", "lakestream", "lakestream-s3"):
             with tempfile.TemporaryDirectory() as tmp:
                 r = latency(system, tmp, s3)
@@ -548,16 +613,32 @@ def main() -> None:
     plot(result, RESULTS / "brokers.png")
 
 
-def ratios(result: dict[str, Any]) -> dict[str, float]:
-    def mb(system: str, n: int = 4) -> float:
-        return next(r["mb_per_s"] for r in result["ingest"]
-                    if r["system"] == system and r["producers"] == n)
+def config(r: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two ingest runs repetitions of one configuration."""
+    return r["system"], r["producers"], r.get("put_batch")
 
+
+def ratios(result: dict[str, Any]) -> dict[str, Any]:
+    """Ingest ratios at 4 producers: per repetition (systems of one repetition ran back to
+    back), then their median with min-max; the rest from the single consume runs."""
+    runs = [x for row in result["ingest"] for x in row["reps"]]
+
+    def mb(system: str, rep: int) -> float:
+        return next(r["mb_per_s"] for r in runs
+                    if r["system"] == system and r["producers"] == 4 and r["rep"] == rep)
+
+    each = range(result["reps"])
+    nats_best = {k: max(mb("nats-sync", k), mb("nats-async", k)) for k in each}
     con = {r["system"]: r for r in result["consume"]}
-    nats_best = max(mb("nats-sync"), mb("nats-async"))
     return {
-        "ingest_lakestream_zstd_over_redis_4p": mb("lakestream") / mb("redis"),
-        "ingest_lakestream_none_over_nats_best_4p": mb("lakestream-none") / nats_best,
+        "ingest_lakestream_default_over_redis_4p":
+            reps.spread([mb("lakestream", k) / mb("redis", k) for k in each]),
+        "ingest_lakestream_none_over_redis_4p":
+            reps.spread([mb("lakestream-none", k) / mb("redis", k) for k in each]),
+        "ingest_lakestream_none_over_nats_best_4p":
+            reps.spread([mb("lakestream-none", k) / nats_best[k] for k in each]),
+        "over_floor": {f"{r['system']}_{r['producers']}p": r["over_floor"]
+                       for r in result["ingest"] if "over_floor" in r},
         "drain_lakestream_over_nats": con["lakestream"]["drain_mb_per_s"]
         / con["nats"]["drain_mb_per_s"],
         "drain_lakestream_over_redis": con["lakestream"]["drain_mb_per_s"]

@@ -17,6 +17,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import payload
+from reps import spread, summarise
 from spawn import run_workers
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -84,13 +86,15 @@ def _create(system: str, uri: str) -> None:
                           group_size=GROUP)
 
 
-def run(system: str, writers: int, rows: int, duration: float, root: str) -> dict[str, Any]:
-    uri = f"{root}/{system}-{writers}-{rows}"
+def run(system: str, writers: int, rows: int, duration: float, root: str,
+        rep: int = 0) -> dict[str, Any]:
+    uri = f"{root}/{system}-{writers}-{rows}-{rep}"
     _create(system, uri)
     start_at = time.time() + 3.0 + 0.4 * writers
     res = run_workers(_writer, [(system, uri, k, rows, start_at, duration, 0)
                                 for k in range(writers)], duration + 120)
     nb = sum(r["bytes"] for r in res)
+    shutil.rmtree(uri, ignore_errors=True)  # repetitions would fill the disk
     return {"system": system, "writers": writers, "rows": rows,
             "samples_per_s": sum(r["samples"] for r in res) / duration,
             "mb_per_s": nb / duration / 1e6,
@@ -175,6 +179,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--growth-versions", type=int, default=5_000)
+    parser.add_argument("--reps", type=int, default=3,
+                        help="interleaved repetitions of every throughput run")
     args = parser.parse_args()
     import deltalake
 
@@ -184,14 +190,19 @@ def main() -> None:
         "versions": {"deltalake": deltalake.__version__},
         "command": "bench/deltars.py " + " ".join(sys.argv[1:]), "throughput": [],
         "growth": []}
+    result["reps"] = args.reps
+    runs = []
     with tempfile.TemporaryDirectory() as root:
-        for size, rows in SIZES.items():
-            for writers in (1, 2, 4):
-                for system in ("lakestream", "deltalake"):
-                    r = run(system, writers, rows, args.duration, root)
-                    result["throughput"].append(r)
-                    print(f"{size:5} {writers} writers {system:10} {r['samples_per_s']:8.0f} "
-                          f"samples/s {r['mb_per_s']:7.1f} MB/s", flush=True)
+        for rep in range(args.reps):  # every configuration once, then again: drift hits all
+            for size, rows in SIZES.items():
+                for writers in (1, 2, 4):
+                    for system in ("lakestream", "deltalake"):
+                        r = run(system, writers, rows, args.duration, root, rep) | {"rep": rep}
+                        runs.append(r)
+                        print(f"rep {rep} {size:5} {writers} writers {system:10} "
+                              f"{r['samples_per_s']:8.0f} samples/s {r['mb_per_s']:7.1f} MB/s",
+                              flush=True)
+        result["throughput"] = summarise(runs, lambda r: (r["system"], r["writers"], r["rows"]))
         for system in ("lakestream", "deltalake"):
             g = growth(system, root, args.growth_versions)
             result["growth"].append(g)
@@ -200,12 +211,12 @@ def main() -> None:
                   f"{[round(x) for x in g['samples_per_s_by_tenth']]}; "
                   f"{g['failed_commits']} commits failed after the writer's retries",
                   flush=True)
-    small = {r["system"]: r for r in result["throughput"]
+    small = {(r["system"], r["rep"]): r["mb_per_s"] for r in runs
              if r["rows"] == SIZES["small"] and r["writers"] == 4}
     by = {g["system"]: g["samples_per_s_by_tenth"] for g in result["growth"]}
     result["ratios"] = {
-        "small_4_writers_lakestream_over_deltalake":
-            small["lakestream"]["mb_per_s"] / small["deltalake"]["mb_per_s"],
+        "small_4_writers_lakestream_over_deltalake": spread(
+            [small["lakestream", k] / small["deltalake", k] for k in range(args.reps)]),
         "growth_lakestream_over_deltalake_by_tenth": [
             a / b if b else 0.0 for a, b in zip(by["lakestream"], by["deltalake"], strict=True)]}
     print(json.dumps(result["ratios"]))

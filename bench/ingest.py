@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import payload  # noqa: E402
+from reps import spread, summarise  # noqa: E402
 
 import lakestream  # noqa: E402
 from lakestream.producers import Producer, ProducerOptions  # noqa: E402
@@ -200,16 +201,6 @@ def put_ceiling(options: dict[str, str], threads: int, duration: float) -> float
     return sum(counts) / duration
 
 
-def _median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
-
-
-def _summary(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median repetition's figures (by samples/s), with every repetition kept."""
-    ordered = sorted(reps, key=lambda r: r["samples_per_s"])
-    return {**ordered[len(ordered) // 2], "reps": reps}
-
-
 def scaling(root: str, server: Any, stores: list[str], producers: list[int], reps: int,
             duration: float, tiny: bool, label: str) -> list[dict[str, Any]]:
     """Every (store, producers, policy) ``reps`` times, interleaved: repetition r of every
@@ -231,7 +222,8 @@ def scaling(root: str, server: Any, stores: list[str], producers: list[int], rep
                           f"conflicts {100 * r['conflict_ratio']:4.1f}% "
                           f"{r['fragments_per_commit']:.1f} frags/commit "
                           f"{r['producer_cpu_s_per_gb']:.1f} CPU-s/GB", flush=True)
-    return [_summary(rs) for rs in runs.values()]
+    return summarise([r for rs in runs.values() for r in rs],
+                     lambda r: (r["store"], r["producers"], r["policy"]))
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -243,8 +235,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
                  and r["producers"] == a["producers"])
         each = [x["samples_per_s"] / y["samples_per_s"]
                 for x, y in zip(a["reps"], f["reps"], strict=True) if y["samples_per_s"]]
-        out[f"{a['store']}-{a['producers']}"] = {"median": _median(each), "min": min(each),
-                                                 "max": max(each)}
+        out[f"{a['store']}-{a['producers']}"] = spread(each)
     return out
 
 

@@ -23,13 +23,21 @@ def _target(ok: bool) -> str:
 
 
 def _ingest_table(runs: list[dict[str, Any]]) -> list[str]:
-    """Ingest runs of bench/brokers.py and bench/transferqueue.py as a table."""
-    out = ["| system | producers | samples/s | MB/s | CPU-s per GB |",
-           "| --- | --- | --- | --- | --- |"]
+    """Ingest runs of bench/brokers.py and bench/transferqueue.py as a table: medians of the
+    repetitions, MB/s with its min-max, and a Lakestream producer's CPU against the encode
+    floor of its own payload measured in the same run."""
+    out = ["| system | producers | samples/s | MB/s (min-max) | CPU-s per GB | producer CPU-s "
+           "per GB of Arrow data | its encode floor | producer / floor |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for x in runs:
         name = x["system"] + (f" ({x['put_batch']} per put)" if "put_batch" in x else "")
+        name += f" ({x['codec']})" if "codec" in x else ""
+        spread = (f" ({x['mb_per_s_min']:.0f}-{x['mb_per_s_max']:.0f})"
+                  if "mb_per_s_min" in x else "")
+        floor = (f"{x['producer_cpu_s_per_arrow_gb']:.1f} | {x['floor_cpu_s_per_gb']:.1f} | "
+                 f"{x['over_floor']:.2f}x" if "over_floor" in x else " | | ")
         out.append(f"| {name} | {x['producers']} | {x['samples_per_s']:.0f} | "
-                   f"{x['mb_per_s']:.1f} | {x['cpu_s_per_gb']:.1f} |")
+                   f"{x['mb_per_s']:.1f}{spread} | {x['cpu_s_per_gb']:.1f} | {floor} |")
     return out
 
 
@@ -164,6 +172,37 @@ def _scale_section(scale: dict[str, Any]) -> list[str]:
     return out
 
 
+def _codecs_section(codecs: dict[str, Any]) -> list[str]:
+    out = ["## Codecs (`bench/codecs.py`)", "",
+           "Fragments encoded as a producer encodes them and decoded as a reader does; "
+           f"medians of {codecs['reps']} interleaved repetitions, CPU-s per GB of Arrow data.",
+           "", "| payload | codec | compression ratio | encode CPU-s per GB (min-max) | "
+           "decode CPU-s per GB |", "| --- | --- | --- | --- | --- |"]
+    for x in codecs["rows"]:
+        out.append(f"| {x['payload']} | {x['codec']} | {x['ratio']:.2f} | "
+                   f"{x['encode_cpu_s_per_gb']:.2f} ({x['encode_cpu_s_per_gb_min']:.2f}-"
+                   f"{x['encode_cpu_s_per_gb_max']:.2f}) | {x['decode_cpu_s_per_gb']:.2f} |")
+    return [*out, "", f"Command: `{codecs['command'].strip()}`", ""]
+
+
+def brokers_notes(brokers: dict[str, Any]) -> list[str]:
+    """Where a Lakestream producer's CPU goes beyond its encode floor, from the run's own
+    figures: the floor, the same bodies put to the same store alone, and the rest."""
+    out = ["Where a Lakestream producer's CPU goes (CPU-s per GB of Arrow data, medians; "
+           "the store put is the same encoded bodies written to the same store alone, "
+           "measured after the run):", "",
+           "| system | producers | producer | encode floor | store put alone | the rest "
+           "(validation, threads, commits) |", "| --- | --- | --- | --- | --- | --- |"]
+    for x in brokers["ingest"]:
+        if "put_cpu_s_per_gb" not in x:
+            continue
+        rest = x["producer_cpu_s_per_arrow_gb"] - x["floor_cpu_s_per_gb"] - x["put_cpu_s_per_gb"]
+        out.append(f"| {x['system']} ({x['codec']}) | {x['producers']} | "
+                   f"{x['producer_cpu_s_per_arrow_gb']:.2f} | {x['floor_cpu_s_per_gb']:.2f} | "
+                   f"{x['put_cpu_s_per_gb']:.2f} | {rest:.2f} |")
+    return [*out, ""]
+
+
 def main() -> None:
     out = ["# Benchmarks", "",
            "Produced by one `bench/run-all` on this machine; every peer ran beside Lakestream in",
@@ -198,13 +237,28 @@ def main() -> None:
             out.append(f"| {x['system']} | {x['p50_ms']:.2f} | {x['p99_ms']:.2f} |")
         out += ["", *_consume_table(brokers["consume"])]
         lat = {x["system"]: x for x in brokers["latency"]}
-        out += ["", "| target (4 producers, local store) | ratio | |", "| --- | --- | --- |",
-                f"| ingest, zstd fragments >= 1.5x Redis Streams | "
-                f"{r['ingest_lakestream_zstd_over_redis_4p']:.2f}x | "
-                f"{_target(r['ingest_lakestream_zstd_over_redis_4p'] >= 1.5)} |",
-                f"| ingest, uncompressed >= 1.0x NATS JetStream's best mode | "
-                f"{r['ingest_lakestream_none_over_nats_best_4p']:.2f}x | "
-                f"{_target(r['ingest_lakestream_none_over_nats_best_4p'] >= 1.0)} |",
+        ing = {(x["system"], x["producers"]): x for x in brokers["ingest"]}
+        reps = brokers.get("reps", 1)
+        floors = [x for x in brokers["ingest"] if "over_floor" in x and "s3" not in x["system"]]
+        out += ["", f"Ingest ran {reps} interleaved repetitions (every system once, then again); "
+                "rows are medians, and each ratio below is the median of the per-repetition "
+                "ratios with their min-max. A Lakestream producer's encode floor is "
+                "`pq.write_table` of the same tables with the producer's options, measured in "
+                "each producer process right after its run.", "",
+                "| target (4 producers, local store) | ratio | |", "| --- | --- | --- |",
+                f"| ingest, uncompressed >= 1.2x NATS JetStream's best mode | "
+                f"{_ratio(r['ingest_lakestream_none_over_nats_best_4p'])} | "
+                f"{_target(r['ingest_lakestream_none_over_nats_best_4p']['median'] >= 1.2)} |",
+                f"| ingest, uncompressed >= 1.5x Redis Streams | "
+                f"{_ratio(r['ingest_lakestream_none_over_redis_4p'])} | "
+                f"{_target(r['ingest_lakestream_none_over_redis_4p']['median'] >= 1.5)} |",
+                f"| ingest, default codec ({ing[('lakestream', 4)]['codec']}) >= 1.0x Redis "
+                f"Streams | {_ratio(r['ingest_lakestream_default_over_redis_4p'])} | "
+                f"{_target(r['ingest_lakestream_default_over_redis_4p']['median'] >= 1.0)} |",
+                *[f"| producer CPU <= 1.3x its encode floor: {x['system']} ({x['codec']}), "
+                  f"{x['producers']} producer{'s' if x['producers'] > 1 else ''} | "
+                  f"{x['over_floor']:.2f}x | {_target(x['over_floor'] <= 1.3)} |"
+                  for x in floors],
                 f"| a rank drains steps >= 1.5x the NATS consumer | "
                 f"{r['drain_lakestream_over_nats']:.2f}x | "
                 f"{_target(r['drain_lakestream_over_nats'] >= 1.5)} |",
@@ -218,21 +272,7 @@ def main() -> None:
                 f"{lat['lakestream']['p50_ms']:.1f} ms | "
                 f"{_target(lat['lakestream']['p50_ms'] <= 20)} |", "",
                 f"Command: `{brokers['command'].strip()}`", ""]
-        ing = {(x["system"], x["producers"]): x for x in brokers["ingest"]}
-        if r["ingest_lakestream_zstd_over_redis_4p"] < 1.5 or \
-                r["ingest_lakestream_none_over_nats_best_4p"] < 1.0:
-            out += ["Why ingest misses its targets here: a Lakestream producer encodes every "
-                    "fragment as Parquet (and checksums it) in the producer's own Python "
-                    "process, on the same 2 cores as everything else "
-                    f"({ing[('lakestream', 4)]['cpu_s_per_gb']:.1f} CPU-s per GB with zstd, "
-                    f"{ing[('lakestream-none', 4)]['cpu_s_per_gb']:.1f} uncompressed), while "
-                    "a broker producer ships the raw bytes and the server appends them "
-                    f"(Redis {ing[('redis', 4)]['cpu_s_per_gb']:.1f}, NATS async "
-                    f"{ing[('nats-async', 4)]['cpu_s_per_gb']:.1f} CPU-s per GB, server "
-                    "included). On 2 cores the run is CPU-bound, so CPU per GB decides it. "
-                    "What the brokers hold is a log of opaque messages in one server's "
-                    "memory or disk; what Lakestream holds is a queryable Delta table in the "
-                    "object store.", ""]
+        out += brokers_notes(brokers)
         if r["slice_fetch_lakestream_over_redis"] > 1.0:
             out += ["Why a rank slice is slower than Redis: Redis answers `XRANGE` from memory "
                     "on an open connection; Lakestream here opens a fresh stream handle per "
@@ -249,13 +289,16 @@ def main() -> None:
                 f"transferqueue {tq['versions']['transferqueue']} (SimpleStorage: samples in Ray "
                 f"actors' memory, moved over ZeroMQ) on Ray {tq['versions']['ray']} with 8 "
                 "logical CPUs, run in a network namespace with only loopback up (Ray listens on "
-                "every interface); Lakestream on the local store in the same namespace, measured "
-                f"before the Ray cluster starts. `tq.init()` took {tq['tq_init_s']:.1f} s.", "",
+                "every interface); Lakestream on the local store in the same namespace. Ingest "
+                f"ran {tq.get('reps', 1)} interleaved repetitions with the Ray cluster up "
+                "throughout (both systems beside it); rows are medians, the ratio the median "
+                "of the per-repetition ratios with their min-max. "
+                f"`tq.init()` took {tq['tq_init_s']:.1f} s.", "",
                 *_ingest_table(tq["ingest"]), "", *_consume_table(tq["consume"])]
         out += ["", "| target (4 producers, local store) | ratio | |", "| --- | --- | --- |",
-                f"| ingest, zstd fragments >= 2x TransferQueue (its best put size) | "
-                f"{r['ingest_lakestream_zstd_over_tq_4p']:.2f}x | "
-                f"{_target(r['ingest_lakestream_zstd_over_tq_4p'] >= 2)} |",
+                f"| ingest, default codec >= 2x TransferQueue (its best put size) | "
+                f"{_ratio(r['ingest_lakestream_over_tq_4p'])} | "
+                f"{_target(r['ingest_lakestream_over_tq_4p']['median'] >= 2)} |",
                 f"| a rank reads steps >= 3x TransferQueue `kv_batch_get` | "
                 f"{r['drain_lakestream_over_tq_get']:.2f}x | "
                 f"{_target(r['drain_lakestream_over_tq_get'] >= 3)} |",
@@ -263,7 +306,7 @@ def main() -> None:
                 f"{r['slice_fetch_lakestream_over_tq']:.2f} | "
                 f"{_target(r['slice_fetch_lakestream_over_tq'] <= 1)} |", "",
                 f"Command: `{tq['command'].strip()}` (it re-runs itself under `unshare -n`)", ""]
-        if r["ingest_lakestream_zstd_over_tq_4p"] < 2:
+        if r["ingest_lakestream_over_tq_4p"]["median"] < 2:
             out += ["Why ingest misses 2x: both sides are CPU-bound on the 2 shared cores, so "
                     "the ratio follows CPU per GB: TransferQueue "
                     f"{tq4['cpu_s_per_gb']:.1f} CPU-s per GB (producers and Ray processes), "
@@ -326,9 +369,13 @@ def main() -> None:
                 "delta-rs in samples/s by tenth of the log: "
                 + ", ".join(f"{x:.1f}x" for x in by_tenth) + ".", "",
                 f"Target >= 3x at 4 writers with small fragments at every log length: "
-                f"{small:.2f}x flat-out, minimum {min(by_tenth):.2f}x over the growth run: "
-                f"{_target(small >= 3 and min(by_tenth) >= 3)}.", "",
+                f"{_ratio(small)} flat-out (median of {deltars.get('reps', 1)} interleaved "
+                f"repetitions, min-max), minimum {min(by_tenth):.2f}x over the growth run: "
+                f"{_target(small['median'] >= 3 and min(by_tenth) >= 3)}.", "",
                 f"Command: `{deltars['command'].strip()}`", ""]
+    codecs = _load("codecs")
+    if isinstance(codecs, dict):
+        out += _codecs_section(codecs)
     ingest = _load("ingest")
     if isinstance(ingest, dict):
         out += _ingest_section(ingest)

@@ -34,6 +34,7 @@ from typing import Any
 import brokers
 import payload
 import pyarrow as pa
+import reps
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GROUP, B, WORLD = brokers.GROUP, brokers.B, brokers.WORLD
@@ -200,16 +201,23 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def ratios(result: dict[str, Any]) -> dict[str, float]:
-    def mb(system: str, n: int = 4) -> float:
-        """The system's best configuration at ``n`` producers."""
-        return max(r["mb_per_s"] for r in result["ingest"]
-                   if r["system"] == system and r["producers"] == n)
+def ratios(result: dict[str, Any]) -> dict[str, Any]:
+    """Ingest: per repetition, Lakestream over TransferQueue's best put size of that
+    repetition, then the median with min-max; the rest from the single consume runs."""
+    runs = [x for row in result["ingest"] for x in row["reps"]]
 
+    def mb(system: str, n: int, rep: int) -> float:
+        """The system's best configuration at ``n`` producers in repetition ``rep``."""
+        return max(r["mb_per_s"] for r in runs
+                   if r["system"] == system and r["producers"] == n and r["rep"] == rep)
+
+    each = range(result["reps"])
     con = {r["system"]: r for r in result["consume"]}
     return {
-        "ingest_lakestream_zstd_over_tq_4p": mb("lakestream") / mb("transferqueue"),
-        "ingest_lakestream_zstd_over_tq_1p": mb("lakestream", 1) / mb("transferqueue", 1),
+        "ingest_lakestream_over_tq_4p": reps.spread(
+            [mb("lakestream", 4, k) / mb("transferqueue", 4, k) for k in each]),
+        "ingest_lakestream_over_tq_1p": reps.spread(
+            [mb("lakestream", 1, k) / mb("transferqueue", 1, k) for k in each]),
         "drain_lakestream_over_tq_get": con["lakestream"]["drain_mb_per_s"]
         / con["transferqueue"]["drain_mb_per_s"],
         "slice_fetch_lakestream_over_tq": con["lakestream"]["slice_p50_ms"]
@@ -220,6 +228,8 @@ def ratios(result: dict[str, Any]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=float, default=6.0)
+    parser.add_argument("--reps", type=int, default=3,
+                        help="interleaved repetitions of every ingest run")
     args = parser.parse_args()
     if os.environ.get(_IN_NETNS) != "1":
         _reexec_in_netns()
@@ -233,10 +243,6 @@ def main() -> None:
         "versions": {"transferqueue": version("transferqueue"), "ray": version("ray")},
         "command": "bench/transferqueue.py " + " ".join(sys.argv[1:]),
         "ingest": [], "consume": []}
-    # Lakestream first, with no Ray cluster idling beside it, then TransferQueue.
-    for n in (1, 4):
-        with tempfile.TemporaryDirectory() as tmp:
-            result["ingest"].append(brokers.ingest("lakestream", n, args.duration, tmp, None))
     with tempfile.TemporaryDirectory() as tmp:
         result["consume"].append(brokers.consume("lakestream", tmp))
     t0 = time.perf_counter()
@@ -244,14 +250,22 @@ def main() -> None:
     tq.init()
     result["tq_init_s"] = time.perf_counter() - t0
     gcs = ray.get_runtime_context().gcs_address
+    runs: list[dict[str, Any]] = []
+    result["reps"] = args.reps
     try:
-        for n in (1, 4):
-            result["ingest"] += [tq_ingest(gcs, n, put_batch, args.duration)
-                                 for put_batch in PUT_BATCHES]
+        # Interleaved, with the Ray cluster up throughout: both systems run beside it.
+        for rep in range(args.reps):
+            for n in (1, 4):
+                with tempfile.TemporaryDirectory() as tmp:
+                    runs.append(brokers.ingest("lakestream", n, args.duration, tmp, None)
+                                | {"rep": rep})
+                runs += [tq_ingest(gcs, n, put_batch, args.duration) | {"rep": rep}
+                         for put_batch in PUT_BATCHES]
         result["consume"].append(tq_consume())
     finally:
         tq.close()
         ray.shutdown()
+    result["ingest"] = reps.summarise(runs, brokers.config)
     for r in result["ingest"]:
         print(f"ingest {_label(r):26} {r['producers']} producers {r['samples_per_s']:8.0f} "
               f"samples/s {r['mb_per_s']:7.1f} MB/s {r['cpu_s_per_gb']:6.1f} CPU-s/GB")
