@@ -497,7 +497,7 @@ def consume(system: str, tmp: str) -> dict[str, Any]:
         from lakestream.loaders import StreamDataset
 
         t0 = time.perf_counter()
-        n = sum(1 for _ in StreamDataset(uri, rank=0, world_size=1, max_steps=STEPS,
+        n = sum(1 for _ in StreamDataset(uri, group=None, rank=0, world_size=1, max_steps=STEPS,
                                          collate=lambda t: t.num_rows))
         drain = time.perf_counter() - t0
         assert n == STEPS

@@ -165,7 +165,7 @@ def main() -> None:
                 kw.update(multiprocessing_context="spawn", persistent_workers=False)
             runs = {
                 "lakestream": lambda kw=kw: StreamLoader(
-                    StreamDataset(s.uri, rank=0, world_size=1, max_steps=s.num_steps,
+                    StreamDataset(s.uri, group=None, rank=0, world_size=1, max_steps=s.num_steps,
                                   progress_interval_s=0), **kw),
                 "colocated-parquet": lambda kw=kw: torch.utils.data.DataLoader(
                     ParquetSamples(files), batch_size=B, collate_fn=collate_samples, **kw),
@@ -205,7 +205,7 @@ def main() -> None:
 
 def _latency(stream: lakestream.Stream) -> dict[str, float]:
     """Rank 0 of 2 reading every step: ms from asking for a visible step to its slice."""
-    ds = StreamDataset(stream.uri, rank=0, world_size=2, max_steps=stream.num_steps,
+    ds = StreamDataset(stream.uri, group=None, rank=0, world_size=2, max_steps=stream.num_steps,
                        storage_options=stream.storage_options, prefetch=0,
                        progress_interval_s=0)
     for _ in ds:

@@ -1,8 +1,9 @@
-"""The ``lakestream`` command: create, status, tail, retain, gc, demo."""
+"""The ``lakestream`` command: create, status, group, tail, verify, retain, gc, demo."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -11,10 +12,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from lakestream import __version__
 from lakestream.errors import LakestreamError
-from lakestream.inventory import unreferenced
-from lakestream.progress import read_progress
-from lakestream.snapshot import read_hint
+from lakestream.log import check_group
+from lakestream.progress import delete_progress, progress_exists, read_progress
+from lakestream.status import groups, print_groups, print_status, removal_effect, status
 from lakestream.store import open_store
 from lakestream.stream import Stream
 from lakestream.verify import verify
@@ -70,62 +72,39 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+def parse_option(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (a storage option) as a pair.
+
+    Raises:
+        argparse.ArgumentTypeError: there is no ``=`` or no key.
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(
+            f"storage option {text!r} is not KEY=VALUE (e.g. -o AWS_ENDPOINT_URL=http://...)")
+    return key.strip(), value
+
+
+def parse_interval(text: str) -> float:
+    """A positive number of seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not a positive number.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
+
+
 def _options(args: argparse.Namespace) -> dict[str, str] | None:
-    return dict(kv.split("=", 1) for kv in args.option) if args.option else None
+    return dict(args.option) if args.option else None
 
 
-def status(stream: Stream, keep_last: int = 2) -> dict[str, Any]:
-    """What ``lakestream status`` shows, as a dict."""
-    s = stream.state
-    hint = read_hint(stream.store)
-    orphans = list(unreferenced(stream.store, s))
-    point = stream.retention_point(keep_last)
-    return {
-        "uri": stream.uri,
-        "version": s.version,
-        "num_samples": s.next_offset,
-        "num_steps": s.num_steps,
-        "global_batch_size": stream.global_batch_size,
-        "group_size": stream.group_size,
-        "schema": {f.name: str(f.type) for f in stream.schema},
-        "fragments": s.index.count(),
-        "snapshot_version": hint,
-        "reclaimed_below_offset": s.reclaimed_below,
-        "retention": {"keep_last": keep_last, "step": point.step,
-                      "below_offset": point.below_offset,
-                      "reclaimable_fragments": len(point.fragments),
-                      "reclaimable_bytes": point.bytes},
-        "unreferenced_files": len(orphans),
-        "unreferenced_bytes": sum(m.size for m in orphans),
-        "producers": {p: {"epoch": st.epoch, "seq": st.seq, "state": st.state}
-                      for p, st in sorted(s.producers.items())},
-        "groups": {g: [{"step": m.step, "checkpoint_id": m.checkpoint_id, "version": m.version}
-                       for m in ms] for g, ms in sorted(s.markers.items())},
-    }
-
-
-def _print_status(info: dict[str, Any]) -> None:
-    print(f"stream      {info['uri']}")
-    print(f"version     {info['version']} (snapshot {info['snapshot_version']})")
-    print(f"samples     {info['num_samples']}  steps {info['num_steps']}  "
-          f"(B={info['global_batch_size']}, G={info['group_size']})")
-    print(f"fragments   {info['fragments']}  reclaimed below offset "
-          f"{info['reclaimed_below_offset']}")
-    r = info["retention"]
-    print(f"retention   keep_last={r['keep_last']}: reclaimable below step {r['step']}, "
-          f"{r['reclaimable_fragments']} fragments, {r['reclaimable_bytes']} bytes")
-    print(f"unreferenced {info['unreferenced_files']} files, {info['unreferenced_bytes']} bytes "
-          "(uploads never committed, or reclaimed, awaiting gc)")
-    print(f"producers   {len(info['producers'])}")
-    for p, st in info["producers"].items():
-        print(f"  {p:<24} epoch {st['epoch']:<4} seq {st['seq']:<8} state {st['state']}")
-    print(f"groups      {len(info['groups'])}")
-    for g, ms in info["groups"].items():
-        steps = ", ".join(str(m["step"]) for m in ms[-5:])
-        print(f"  {g:<24} {len(ms)} markers, last resume steps: {steps}")
-
-
-def tail(stream: Stream, interval: float, count: int, group: str) -> None:
+def tail(stream: Stream, interval: float, count: int, group: str, as_json: bool) -> None:
     """Prints a line every ``interval`` seconds: version, steps, rates, producers, lag."""
     last_t, last_samples, n = time.monotonic(), stream.num_samples, 0
     while count <= 0 or n < count:
@@ -135,26 +114,44 @@ def tail(stream: Stream, interval: float, count: int, group: str) -> None:
         rate = (stream.num_samples - last_samples) / max(now - last_t, 1e-9)
         last_t, last_samples, n = now, stream.num_samples, n + 1
         progress = read_progress(stream.store, group)
-        lag = "-" if progress is None else str(stream.num_steps - progress.step)
-        producers = " ".join(f"{p}:{e}/{s}" for p, (e, s, _) in sorted(stream.producers.items()))
+        lag = None if progress is None else stream.num_steps - progress.step
+        if as_json:
+            print(json.dumps({"time": time.time(), "version": stream.version,
+                              "steps": stream.num_steps, "samples": stream.num_samples,
+                              "samples_per_s": rate, "group": group, "lag_steps": lag,
+                              "producers": {p: {"epoch": e, "seq": q} for p, (e, q, _)
+                                            in sorted(stream.producers.items())}}),
+                  flush=True)
+            continue
+        producers = " ".join(f"{p}:{e}/{q}" for p, (e, q, _) in sorted(stream.producers.items()))
         print(f"{time.strftime('%H:%M:%S')} version {stream.version} steps {stream.num_steps} "
-              f"samples {stream.num_samples} ({rate:.0f}/s) {group} lag {lag} | {producers}",
-              flush=True)
+              f"samples {stream.num_samples} ({rate:.0f}/s) {group} lag "
+              f"{'-' if lag is None else lag} | {producers}", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lakestream", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+DESCRIPTION = """The lakestream command: create a stream, show its state and its consumer
+groups, follow it live, verify it, reclaim and delete what no checkpoint needs, run the
+demo. Every command that prints results takes --json."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lakestream", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"lakestream {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("create", help="create a stream")
     p.add_argument("uri")
     p.add_argument("--schema", required=True, help="e.g. 'id:int64,tokens:list<int32>'")
     p.add_argument("--global-batch-size", type=int, required=True)
     p.add_argument("--group-size", type=int, default=1)
     p.add_argument("--snapshot-interval", type=int, default=100)
-    p = sub.add_parser("status", help="show a stream's state")
+    p = sub.add_parser("status", help="show a stream's state and every consumer group")
     p.add_argument("uri")
-    p.add_argument("--json", action="store_true")
     p.add_argument("--keep-last", type=int, default=2, help="for the retention point shown")
+    p = sub.add_parser("group", help="list consumer groups, or remove one")
+    p.add_argument("action", choices=["list", "rm"])
+    p.add_argument("uri")
+    p.add_argument("group", nargs="?", help="the group to remove (rm)")
+    p.add_argument("--keep-last", type=int, default=2, help="for the retention shown")
     p = sub.add_parser("retain", help="reclaim data no retained checkpoint needs")
     p.add_argument("uri")
     p.add_argument("--keep-last", type=int, default=2)
@@ -163,64 +160,131 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=parse_duration, default=3600.0, help="e.g. 30s, 10m, 1h")
     p = sub.add_parser("tail", help="follow a stream live: new steps, producers, lag")
     p.add_argument("uri")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between lines")
+    p.add_argument("--interval", type=parse_interval, default=1.0,
+                   help="seconds between lines (positive)")
     p.add_argument("--count", type=int, default=0, help="stop after this many lines (0: never)")
     p.add_argument("--group", default="train", help="the consumer group whose lag is shown")
     p = sub.add_parser("verify", help="read and check every log entry, snapshot and fragment")
     p.add_argument("uri")
     sub.add_parser("demo", help="run producers and a trainer on a local stream (needs torch)")
-    for p in sub.choices.values():
-        p.add_argument("-o", "--option", action="append", default=[],
+    for name, p in sub.choices.items():
+        p.add_argument("-o", "--option", action="append", default=[], type=parse_option,
                        help="storage option KEY=VALUE (e.g. AWS_ENDPOINT_URL=...)")
-    args = parser.parse_args(argv)
+        if name != "demo":
+            p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return parser
+
+
+def _out(args: argparse.Namespace, info: dict[str, Any], text: str) -> None:
+    print(json.dumps(info, indent=2, default=str) if args.json else text)
+
+
+def _run(args: argparse.Namespace) -> int:
+    def opened() -> Stream:
+        return Stream.open(args.uri, storage_options=_options(args))
+
+    if args.command == "create":
+        s = Stream.create(args.uri, parse_schema(args.schema),
+                          global_batch_size=args.global_batch_size, group_size=args.group_size,
+                          snapshot_interval=args.snapshot_interval,
+                          storage_options=_options(args))
+        _out(args, {"uri": s.uri, "global_batch_size": s.global_batch_size,
+                    "group_size": s.group_size, "version": s.version},
+             f"created {s.uri} (B={s.global_batch_size}, G={s.group_size})")
+    elif args.command == "retain":
+        stream = opened()
+        version = stream.retain(keep_last=args.keep_last)
+        _out(args, {"version": version, "reclaimed_below_offset": stream.state.reclaimed_below},
+             "nothing to reclaim" if version is None else
+             f"reclaimed below offset {stream.state.reclaimed_below} at version {version}")
+    elif args.command == "gc":
+        report = opened().gc(grace_seconds=args.grace)
+        _out(args, dataclasses.asdict(report),
+             f"deleted {report.data_files} data files ({report.data_bytes} bytes), "
+             f"{report.log_entries} log entries, {report.delta_checkpoints} Delta "
+             f"checkpoints, {report.snapshots} snapshots ({report.index_segments} index "
+             f"segments), {report.temp_files} temp files; {report.kept_in_grace} kept in grace")
+    elif args.command == "verify":
+        checked = verify(open_store(args.uri, _options(args)))
+        verdict = f"{len(checked.problems)} problems" if checked.problems else "sound"
+        _out(args, {"entries": checked.entries, "snapshots": checked.snapshots,
+                    "fragments": checked.fragments, "problems": checked.problems},
+             "".join(f"damaged: {line}\n" for line in checked.problems)
+             + f"checked {checked.entries} log entries, {checked.snapshots} snapshots, "
+             f"{checked.fragments} fragments: {verdict}")
+        return 1 if checked.problems else 0
+    elif args.command == "tail":
+        tail(opened(), args.interval, args.count, args.group, args.json)
+    elif args.command == "status":
+        info = status(opened(), args.keep_last)
+        if args.json:
+            _out(args, info, "")
+        else:
+            print_status(info)
+    elif args.command == "group":
+        return _group(args, opened())
+    return 0
+
+
+def _group(args: argparse.Namespace, stream: Stream) -> int:
+    if args.action == "list":
+        if args.group is not None:
+            raise ValueError(f"group list takes no group (got {args.group!r}): it lists them all")
+        info = groups(stream, args.keep_last)
+        if args.json:
+            _out(args, info, "")
+        elif info:
+            print_groups(info)
+        else:
+            print("no consumer groups")
+        return 0
+    if args.group is None:
+        raise ValueError("group rm needs the group to remove: lakestream group rm URI GROUP")
+    group = check_group(args.group)
+    stream.refresh()
+    effect = removal_effect(stream, group, args.keep_last)
+    if group not in stream.groups:
+        if not progress_exists(stream.store, group):
+            stream.remove_group(group)  # raises, naming the groups there are
+        delete_progress(stream.store, group)
+        _out(args, {"group": group, "version": None, **effect},
+             f"removed the progress of group {group!r}; the log held nothing of it")
+        return 0
+    version = stream.remove_group(group)
+    delete_progress(stream.store, group)
+    held = effect["held_from_step"]
+    if held is None:
+        text = "it held no data"
+    elif not stream.groups:
+        text = (f"it held data from step {held}; no group remains, so the stream holds "
+                "everything again: retain reclaims nothing until a group commits a marker")
+    else:
+        text = (f"it held data from step {held}: retention (keep_last={args.keep_last}) "
+                f"moves from step {effect['retention_step_before']} to "
+                f"{effect['retention_step_after']}, {effect['released_fragments']} fragments "
+                f"({effect['released_bytes']} bytes) become reclaimable by retain")
+    text = f"removed group {group!r} at version {version}; {text}"
+    _out(args, {"group": group, "version": version, **effect}, text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.command == "demo":
         # The demo is an application on top of every layer; the core never imports it.
         from lakestream.demo.job import main as demo
 
         return demo()
-    def opened() -> Stream:
-        return Stream.open(args.uri, storage_options=_options(args))
-
     try:
-        if args.command == "create":
-            s = Stream.create(args.uri, parse_schema(args.schema),
-                              global_batch_size=args.global_batch_size,
-                              group_size=args.group_size,
-                              snapshot_interval=args.snapshot_interval,
-                              storage_options=_options(args))
-            print(f"created {s.uri} (B={s.global_batch_size}, G={s.group_size})")
-        elif args.command == "retain":
-            stream = opened()
-            version = stream.retain(keep_last=args.keep_last)
-            print("nothing to reclaim" if version is None else
-                  f"reclaimed below offset {stream.state.reclaimed_below} at version {version}")
-        elif args.command == "gc":
-            report = opened().gc(grace_seconds=args.grace)
-            print(f"deleted {report.data_files} data files ({report.data_bytes} bytes), "
-                  f"{report.log_entries} log entries, {report.delta_checkpoints} Delta "
-                  f"checkpoints, {report.snapshots} snapshots "
-                  f"({report.index_segments} index segments), "
-                  f"{report.temp_files} temp files; {report.kept_in_grace} kept in grace")
-        elif args.command == "verify":
-            checked = verify(open_store(args.uri, _options(args)))
-            for line in checked.problems:
-                print(f"damaged: {line}")
-            verdict = f"{len(checked.problems)} problems" if checked.problems else "sound"
-            print(f"checked {checked.entries} log entries, {checked.snapshots} snapshots, "
-                  f"{checked.fragments} fragments: {verdict}")
-            return 1 if checked.problems else 0
-        elif args.command == "tail":
-            tail(opened(), args.interval, args.count, args.group)
-        elif args.command == "status":
-            info = status(opened(), args.keep_last)
-            if args.json:
-                print(json.dumps(info, indent=2, default=str))
-            else:
-                _print_status(info)
+        return _run(args)
     except (LakestreamError, ValueError) as e:
         print(f"lakestream {args.command}: {e}", file=sys.stderr)
         return 2
-    return 0
+    except KeyboardInterrupt:
+        if args.command != "tail":  # Ctrl-C is how tail ends: quietly
+            print(f"lakestream {args.command}: interrupted; a commit it was making may have "
+                  "landed: see lakestream status", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

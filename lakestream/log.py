@@ -22,9 +22,13 @@ from lakestream.schema import (
 from lakestream.store.base import check_key
 
 FORMAT_VERSION = 1
+GROUP_ENTRY_FORMAT = 2
+"""The format of ``register`` and ``remove_group`` entries: a lakestream from before them
+reads format 1 only, so it stops at one with "upgrade lakestream", not "corrupt"."""
 LOG_DIR = "_delta_log/"
 DATA_DIR = "data/"
-_PRODUCER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""Producer ids and consumer group names: they name folders and objects."""
 # [0-9], not \d: \d also matches non-ASCII digits, which int() would accept.
 _LOG_ENTRY = re.compile(r"_delta_log/([0-9]{20})\.json")
 _CHECKPOINT = re.compile(
@@ -77,12 +81,25 @@ def check_producer_id(producer_id: str) -> str:
         ValueError: not 1-128 characters of letters, digits, ``.``, ``_``, ``-``, starting
             with a letter or digit.
     """
-    if not isinstance(producer_id, str) or not _PRODUCER_ID.fullmatch(producer_id):
+    if not isinstance(producer_id, str) or not _NAME.fullmatch(producer_id):
         raise ValueError(
             f"producer id {producer_id!r} is not valid: use 1-128 letters, digits, '.', '_' or "
             "'-', starting with a letter or digit"
         )
     return producer_id
+
+
+def check_group(group: str) -> str:
+    """Returns ``group`` if it can name a consumer group.
+
+    Raises:
+        ValueError: not 1-128 letters, digits, '.', '_' or '-', starting with a letter or
+            digit.
+    """
+    if not isinstance(group, str) or not _NAME.fullmatch(group):
+        raise ValueError(f"consumer group {group!r} is not valid: use 1-128 letters, digits, "
+                         "'.', '_' or '-', starting with a letter or digit")
+    return group
 
 
 def check_data_key(key: str) -> str:
@@ -216,13 +233,31 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Register:
+    """Consumer group ``group`` exists and holds retention from ``step`` until its markers
+    take over (a registered group with no marker holds every step from ``step`` on)."""
+
+    group: str
+    step: int
+    commit_id: str = field(default_factory=new_commit_id)
+
+
+@dataclass(frozen=True)
+class RemoveGroup:
+    """Consumer group ``group`` is gone: its markers and registration stop holding data."""
+
+    group: str
+    commit_id: str = field(default_factory=new_commit_id)
+
+
+@dataclass(frozen=True)
 class Reclaim:
     below_offset: int
     removed: tuple[FragmentRef, ...]
     commit_id: str = field(default_factory=new_commit_id)
 
 
-Entry = Create | Append | Fence | Checkpoint | Reclaim
+Entry = Create | Append | Fence | Checkpoint | Register | RemoveGroup | Reclaim
 
 
 def _add(f: FragmentRef, now_ms: int) -> dict[str, Any]:
@@ -254,28 +289,59 @@ def _remove(f: FragmentRef, now_ms: int) -> dict[str, Any]:
     }}
 
 
+WRITER_FEATURE = "lakestreamLog"
+"""A writer feature no other Delta writer knows: the protocol says that writers which do
+not support every writer feature must not write, so delta-rs, Spark and others refuse to
+append to a stream (their commits would break replay), while readers, who check reader
+features only, read it as any table."""
+
+
 def delta_protocol(schema: pa.Schema) -> dict[str, Any]:
     """The body of the ``protocol`` action of a stream with this schema.
 
-    The legacy protocol (reader 1, writer 2) when the schema needs no table feature: more
-    Delta readers accept it. Otherwise table features (reader 3, writer 7) naming exactly
-    the features needed, as readers refuse e.g. ``timestamp_ntz`` columns without them.
+    Writer version 7 with ``WRITER_FEATURE`` keeps other Delta writers out. Readers see
+    reader version 1 when the schema needs no table feature (more Delta readers accept it),
+    else reader version 3 naming exactly the features needed, as readers refuse e.g.
+    ``timestamp_ntz`` columns without them.
     """
     features = delta_table_features(schema)
-    if not features:
-        return {"minReaderVersion": 1, "minWriterVersion": 2}
-    return {"minReaderVersion": 3, "minWriterVersion": 7,
-            "readerFeatures": features, "writerFeatures": list(features)}
+    reader: dict[str, Any] = {"minReaderVersion": 3, "readerFeatures": features} if features \
+        else {"minReaderVersion": 1}
+    return {"minReaderVersion": reader["minReaderVersion"], "minWriterVersion": 7,
+            **({"readerFeatures": features} if features else {}),
+            "writerFeatures": [*features, WRITER_FEATURE]}
+
+
+def _non_string_key(value: Any, path: str) -> str | None:
+    """Where ``value`` holds a dict key that is not a string, or None."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{path}[{k!r}]"
+            found = _non_string_key(v, f"{path}[{k!r}]")
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found = _non_string_key(v, f"{path}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def check_state(state: Any) -> None:
-    """Checks that ``state`` can be an entry's state: strict JSON.
+    """Checks that ``state`` can be an entry's state: strict JSON that reads back as written.
 
     Raises:
         ValueError: it holds NaN or Infinity; Python's json writes those tokens, but they
             are not JSON and other Delta readers reject the entry.
-        TypeError: it is not JSON-serialisable at all.
+        TypeError: it is not JSON-serialisable at all, or a dict key is not a string (JSON
+            would hand ``{1: "a"}`` back as ``{"1": "a"}``).
     """
+    where = _non_string_key(state, "state")
+    if where is not None:
+        raise TypeError(f"entry state key at {where} is not a string: JSON keys are strings, "
+                        "so it would come back changed after a restart; use string keys")
     try:
         json.dumps(state, allow_nan=False)
     except ValueError as e:
@@ -295,7 +361,8 @@ def encode_entry(entry: Entry) -> bytes:
         ValueError: an append's ``state`` holds NaN or Infinity (not JSON).
     """
     now = int(time.time() * 1000)
-    info: dict[str, Any] = {"format": FORMAT_VERSION, "commit_id": entry.commit_id}
+    fmt = GROUP_ENTRY_FORMAT if isinstance(entry, Register | RemoveGroup) else FORMAT_VERSION
+    info: dict[str, Any] = {"format": fmt, "commit_id": entry.commit_id}
     actions: list[dict[str, Any]] = []
     operation, params = "WRITE", {"mode": "Append"}
     if isinstance(entry, Create):
@@ -317,6 +384,12 @@ def encode_entry(entry: Entry) -> bytes:
     elif isinstance(entry, Checkpoint):
         info.update(op="checkpoint", group=entry.group, step=entry.step,
                     checkpoint_id=entry.checkpoint_id)
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, Register):
+        info.update(op="register", group=entry.group, step=entry.step)
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, RemoveGroup):
+        info.update(op="remove_group", group=entry.group)
         operation, params = "SET TBLPROPERTIES", {}
     elif isinstance(entry, Reclaim):
         info.update(op="reclaim", below_offset=entry.below_offset)
@@ -358,6 +431,16 @@ def _fragment(action: dict[str, Any], version: int) -> FragmentRef:
     return ref
 
 
+def _foreign(version: int, info: dict[str, Any]) -> str:
+    engine = info.get("engineInfo") or info.get("clientVersion")
+    return (f"log version {version} was committed by {engine} ({info.get('operation', '?')}), "
+            "not by Lakestream: other Delta writers may read a stream but not write to it, "
+            f"and replay cannot place their files in the global order. Streams created now "
+            f"declare the writer feature {WRITER_FEATURE!r}, which keeps such writers out; "
+            "for this one, remove that version's file (its data files stay orphans for gc) "
+            "and append the data through Lakestream")
+
+
 def decode_entry(version: int, data: bytes) -> Entry:
     """Parses the JSON lines of log version ``version``.
 
@@ -366,10 +449,14 @@ def decode_entry(version: int, data: bytes) -> Entry:
             format version, or names an unsafe key; the message names the version.
     """
     try:
-        if not data.endswith(b"\n"):
-            raise ValueError("it does not end with a newline: it is truncated")
         # Split on "\n" alone, as Delta readers do: splitlines() also splits on \v, \f, \x1c...
-        actions = [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
+        try:
+            actions = [json.loads(line) for line in data.decode("utf-8").split("\n")
+                       if line.strip()]
+        except ValueError:
+            if not data.endswith(b"\n"):
+                raise ValueError("it does not end with a newline: it is truncated") from None
+            raise
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for a in actions:
             if not isinstance(a, dict) or len(a) != 1:
@@ -378,17 +465,21 @@ def decode_entry(version: int, data: bytes) -> Entry:
             by_kind.setdefault(kind, []).append(body)
         infos = by_kind.get("commitInfo", [])
         if len(infos) != 1 or not isinstance(infos[0].get("lakestream"), dict):
+            if len(infos) == 1 and ("engineInfo" in infos[0] or "clientVersion" in infos[0]):
+                raise CorruptLogError(_foreign(version, infos[0]))
             raise ValueError("no commitInfo.lakestream: not written by Lakestream")
+        if not data.endswith(b"\n"):
+            raise ValueError("it does not end with a newline: it is truncated")
         info = infos[0]["lakestream"]
         stored = info.pop("crc32", None)
         if stored != entry_checksum(actions):
             raise ValueError(f"checksum {stored!r} does not match the content "
                              f"({entry_checksum(actions)}): the entry is damaged")
         fmt = info.get("format")
-        if fmt != FORMAT_VERSION:
+        if fmt not in (FORMAT_VERSION, GROUP_ENTRY_FORMAT):
             raise CorruptLogError(
                 f"log version {version} has format version {fmt!r}; this lakestream reads "
-                f"{FORMAT_VERSION}: upgrade lakestream or check the writer"
+                f"{FORMAT_VERSION}-{GROUP_ENTRY_FORMAT}: upgrade lakestream or check the writer"
             )
         op, cid = info["op"], str(info["commit_id"])
         if op == "create":
@@ -408,9 +499,13 @@ def decode_entry(version: int, data: bytes) -> Entry:
             return Append(producer, int(info["epoch"]), frags, info.get("state"), cid)
         if op == "fence":
             return Fence(check_producer_id(info["producer"]), int(info["epoch"]), cid)
-        if op == "checkpoint":
+        if op == "checkpoint":  # any name older writers accepted still reads
             return Checkpoint(str(info["group"]), int(info["step"]), info.get("checkpoint_id"),
                               cid)
+        if op == "register":
+            return Register(check_group(info["group"]), int(info["step"]), cid)
+        if op == "remove_group":
+            return RemoveGroup(check_group(info["group"]), cid)
         if op == "reclaim":
             removed = tuple(_fragment(a, version) for a in by_kind.get("remove", []))
             return Reclaim(int(info["below_offset"]), removed, cid)

@@ -1,42 +1,32 @@
 """Consumer progress objects: ``_lakestream/progress/<group>.json``, overwritten, advisory.
 
 Rank 0 of a consumer group publishes the step it has reached and the policy version it
-trains; producers read it to stay within a staleness bound (docs/design.md). Nothing correct
-depends on it: a missing or torn object reads as "no progress yet".
+trains; producers read it to stay within a staleness bound, ``status`` to show each group's
+lag (docs/design.md). Nothing correct depends on it, and it holds no data: a missing or
+torn object reads as "no progress yet". Each publish names its job, so that a second job
+publishing into the same group is seen (``loaders/publisher.py``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 
 from lakestream.errors import NotFoundError, StoreError
+from lakestream.log import check_group
 from lakestream.store.base import ObjectStore
 
 PROGRESS_DIR = "_lakestream/progress/"
-_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def check_group(group: str) -> str:
-    """Returns ``group`` if it can name a consumer group.
-
-    Raises:
-        ValueError: not 1-128 letters, digits, '.', '_' or '-'.
-    """
-    if not isinstance(group, str) or not _GROUP.fullmatch(group):
-        raise ValueError(f"consumer group {group!r} is not valid: use 1-128 letters, digits, "
-                         "'.', '_' or '-', starting with a letter or digit")
-    return group
-
-
 @dataclass(frozen=True)
 class Progress:
     step: int
     policy_version: int | None = None
     updated: float = 0.0
-    """Seconds since the epoch, by the publisher's clock (display only, never compared)."""
+    """Seconds since the epoch, by the publisher's clock (shown, and compared only to tell
+    a live job from a finished one, at a scale of a minute)."""
+    job: str | None = None
+    """The publishing job's id (one per reading dataset), or None from older publishers."""
 
 
 def progress_key(group: str) -> str:
@@ -44,17 +34,52 @@ def progress_key(group: str) -> str:
 
 
 def publish_progress(store: ObjectStore, group: str, step: int,
-                     policy_version: int | None = None) -> None:
-    body = {"step": int(step), "policy_version": policy_version, "updated": time.time()}
+                     policy_version: int | None = None, job: str | None = None) -> None:
+    body = {"step": int(step), "policy_version": policy_version, "updated": time.time(),
+            "job": job}
     store.put(progress_key(group), json.dumps(body).encode(), mode="overwrite")
+
+
+def progress_exists(store: ObjectStore, group: str) -> bool:
+    """Whether the group has a progress object, readable or not."""
+    try:
+        store.head(progress_key(group))
+    except NotFoundError:
+        return False
+    return True
+
+
+def delete_progress(store: ObjectStore, group: str) -> None:
+    """Removes the group's progress object (absent is fine)."""
+    store.delete(progress_key(group))
 
 
 def read_progress(store: ObjectStore, group: str) -> Progress | None:
     """The group's published progress, or None if there is none (or it is unreadable)."""
     try:
         d = json.loads(store.get(progress_key(group)))
-        pv = d.get("policy_version")
+        pv, job = d.get("policy_version"), d.get("job")
         return Progress(int(d["step"]), None if pv is None else int(pv),
-                        float(d.get("updated", 0.0)))
+                        float(d.get("updated", 0.0)), None if job is None else str(job))
     except (NotFoundError, StoreError, ValueError, KeyError, TypeError):
         return None
+
+
+def list_progress(store: ObjectStore) -> dict[str, Progress]:
+    """Every group's published progress (a handful of small objects)."""
+    out = {}
+    for m in store.list(PROGRESS_DIR):
+        group = m.key[len(PROGRESS_DIR):].removesuffix(".json")
+        if m.key.endswith(".json") and _is_group(group):
+            progress = read_progress(store, group)
+            if progress is not None:
+                out[group] = progress
+    return out
+
+
+def _is_group(name: str) -> bool:
+    try:
+        check_group(name)
+    except ValueError:
+        return False
+    return True

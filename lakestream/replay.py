@@ -17,6 +17,8 @@ from lakestream.log import (
     Fence,
     FragmentRef,
     Reclaim,
+    Register,
+    RemoveGroup,
     StreamMeta,
 )
 
@@ -49,6 +51,8 @@ class ReplayState:
         """The live fragments (``docs/design.md`` §4): lookups fetch what they touch."""
         self.producers: dict[str, ProducerState] = {}
         self.markers: dict[str, list[Marker]] = {}
+        self.registered: dict[str, int] = {}
+        """Registered consumer groups and the step each holds from (``Register``)."""
         self.reclaimed_below = 0
         self.reclaim_versions: list[int] = []
         """Versions of reclaim entries (gc keeps their files for the grace period)."""
@@ -60,6 +64,7 @@ class ReplayState:
         other.index = self.index.copy()
         other.producers = {k: copy.copy(v) for k, v in self.producers.items()}
         other.markers = {k: list(v) for k, v in self.markers.items()}
+        other.registered = dict(self.registered)
         other.voided = list(self.voided)
         other.reclaim_versions = list(self.reclaim_versions)
         return other
@@ -73,6 +78,11 @@ class ReplayState:
     @property
     def num_steps(self) -> int:
         return self.next_offset // self.stream_meta.global_batch_size
+
+    @property
+    def groups(self) -> list[str]:
+        """Every consumer group the log knows: with markers or registered."""
+        return sorted(set(self.markers) | set(self.registered))
 
     def is_void(self, entry: Append) -> bool:
         """Whether an append would be void on top of this state (fenced or duplicate)."""
@@ -110,6 +120,11 @@ class ReplayState:
         elif isinstance(entry, Checkpoint):
             self.markers.setdefault(entry.group, []).append(
                 Marker(entry.group, entry.step, entry.checkpoint_id, version))
+        elif isinstance(entry, Register):
+            self.registered.setdefault(entry.group, entry.step)
+        elif isinstance(entry, RemoveGroup):
+            self.markers.pop(entry.group, None)
+            self.registered.pop(entry.group, None)
         elif isinstance(entry, Reclaim):
             self._reclaim(version, entry)
         self.version = version

@@ -19,7 +19,6 @@ from lakestream.log import (
     log_key,
     log_version,
 )
-from lakestream.progress import PROGRESS_DIR
 from lakestream.replay import ReplayState
 from lakestream.snapshot import (
     INDEX_DIR,
@@ -50,19 +49,18 @@ class RetentionPoint:
         return sum(f.size for f in self.fragments)
 
 
-def retention_point(state: ReplayState, keep_last: int,
-                    groups_without_markers: frozenset[str] = frozenset()) -> RetentionPoint:
-    """The smallest resume step over every group's last ``keep_last`` markers.
-
-    A group that has no marker (known from its progress object) holds everything, and so
-    does a stream with no marker at all.
+def retention_point(state: ReplayState, keep_last: int) -> RetentionPoint:
+    """The smallest step any consumer group may still resume at: over each group's last
+    ``keep_last`` markers, and the registration step of each registered group that has no
+    marker yet. A stream with no group holds everything: nothing says what is consumed.
+    Only what groups committed counts (markers, registrations), never a progress object.
     """
     if not isinstance(keep_last, int) or keep_last < 1:
         raise ValueError(f"keep_last must be a positive int, got {keep_last!r}")
     b = state.stream_meta.global_batch_size
-    kept = [m.step for ms in state.markers.values() for m in ms[-keep_last:]]
-    holding = groups_without_markers - set(state.markers)
-    step = min(kept) if kept and not holding else 0
+    holds = group_holds(state, keep_last)
+    # Never past the stream's end: a reclaim there is corrupt (``ReplayState._reclaim``).
+    step = min(min(holds.values()), state.num_steps) if holds else 0
     below = max(step * b, state.reclaimed_below) if step else state.reclaimed_below
     live = tuple(FragmentRef(f.path, f.rows, f.size, f.offset, -1, f.crc32)
                  for f in state.index.below(below))
@@ -70,22 +68,26 @@ def retention_point(state: ReplayState, keep_last: int,
     return RetentionPoint(step, below, live + void)
 
 
-def reclaim_entry(state: ReplayState, keep_last: int, groups: frozenset[str],
-                  commit_id: str) -> Entry | None:
+def group_holds(state: ReplayState, keep_last: int) -> dict[str, int]:
+    """The step from which each consumer group holds data: the smallest resume step of its
+    last ``keep_last`` markers, else (registered, no marker) its registration step."""
+    if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
+        raise ValueError(f"keep_last must be a positive int, got {keep_last!r}")
+    holds = {g: min(m.step for m in ms[-keep_last:]) for g, ms in state.markers.items() if ms}
+    for g, step in state.registered.items():
+        holds.setdefault(g, step)
+    return holds
+
+
+def reclaim_entry(state: ReplayState, keep_last: int, commit_id: str) -> Entry | None:
     """The reclaim entry to commit on top of ``state``, or None if nothing is reclaimable.
 
     Built anew on each commit attempt, so markers committed concurrently are honoured.
     """
-    point = retention_point(state, keep_last, groups)
+    point = retention_point(state, keep_last)
     if not point.fragments and point.below_offset <= state.reclaimed_below:
         return None
     return Reclaim(point.below_offset, point.fragments, commit_id)
-
-
-def groups_with_progress(store: ObjectStore) -> frozenset[str]:
-    """Consumer groups that published progress (a handful of small objects)."""
-    return frozenset(m.key[len(PROGRESS_DIR):].removesuffix(".json")
-                     for m in store.list(PROGRESS_DIR) if m.key.endswith(".json"))
 
 
 def store_now(store: ObjectStore) -> float:

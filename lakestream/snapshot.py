@@ -92,6 +92,7 @@ def _encode_manifest(state: ReplayState, segments: list[list[object]]) -> bytes:
         "producers": {k: [p.epoch, p.seq, p.state] for k, p in sorted(state.producers.items())},
         "markers": {g: [[m.step, m.checkpoint_id, m.version] for m in ms]
                     for g, ms in sorted(state.markers.items())},
+        "registered": dict(sorted(state.registered.items())),
         "voided": [[v, [[f.path, f.rows, f.size, f.offset, f.seq, f.crc32] for f in fs]]
                    for v, fs in state.voided],
         "segments": segments,
@@ -126,6 +127,8 @@ def _parse_manifest(version: int, manifest: bytes) -> tuple[ReplayState, list[li
                        for k, (e, s, st) in info["producers"].items()}
     state.markers = {g: [Marker(g, int(s), c, int(v)) for s, c, v in ms]
                      for g, ms in info["markers"].items()}
+    # Manifests written before registration existed have none: no log held a Register.
+    state.registered = {g: int(s) for g, s in info.get("registered", {}).items()}
     state.voided = [(int(v), tuple(FragmentRef(*f) for f in fs)) for v, fs in info["voided"]]
     return state, list(info["segments"]), int(info["format"])
 

@@ -23,18 +23,20 @@ from lakestream.log import (
     Create,
     Entry,
     FragmentRef,
+    Register,
+    RemoveGroup,
     StreamMeta,
+    check_group,
     encode_entry,
     log_key,
 )
 from lakestream.plan import check_world, plan_rows, slice_offsets
-from lakestream.progress import check_group
 from lakestream.replay import Marker, ReplayState
 from lakestream.retention import (
     GcReport,
     RetentionPoint,
     collect,
-    groups_with_progress,
+    group_holds,
     reclaim_entry,
     retention_point,
 )
@@ -314,11 +316,76 @@ class Stream:
         assert result is not None
         return result.version
 
+    @property
+    def groups(self) -> list[str]:
+        """The consumer groups the log knows (with markers, or registered), sorted."""
+        return self._state.groups
+
+    def registered_step(self, group: str) -> int | None:
+        """The step ``group`` registered at, or None if it never registered."""
+        return self._state.registered.get(group)
+
+    def register_group(self, group: str, step: int = 0) -> int | None:
+        """Makes ``group`` a consumer group that holds retention from ``step`` until its own
+        markers take over. Idempotent: a group the log knows already (registered, or with
+        markers) is left as it is and None returned; else the registration's version.
+
+        Raises:
+            ValueError: ``group`` is not a valid group name, or ``step`` is negative or past
+                the visible steps (a group registers where it starts reading).
+            StepNotAvailableError: ``step``'s data is already reclaimed (nothing committed).
+        """
+        check_group(group)
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        if step > self.num_steps:
+            self.refresh()
+        if step > self.num_steps:
+            raise ValueError(f"group {group!r} cannot register at step {step}: {self.uri} has "
+                             f"{self.num_steps} steps; register at a step already readable")
+        b = self.global_batch_size
+
+        def build(state: ReplayState, commit_id: str) -> Entry | None:
+            if group in state.registered or group in state.markers:
+                return None
+            if step * b < state.reclaimed_below:
+                raise StepNotAvailableError(
+                    f"group {group!r} cannot register at step {step} of {self.uri}: its data "
+                    f"is reclaimed (below offset {state.reclaimed_below}); register a later "
+                    "step")
+            return Register(group, step, commit_id)
+
+        result = self.commit(build)
+        return None if result is None else result.version
+
+    def remove_group(self, group: str) -> int:
+        """Removes ``group``: its markers and registration stop holding data (the next
+        ``retain`` may reclaim what only it held). Returns the removal's version.
+
+        Raises:
+            ValueError: the log knows no such group (nothing committed).
+        """
+        check_group(group)
+
+        def build(state: ReplayState, commit_id: str) -> Entry:
+            if group not in state.registered and group not in state.markers:
+                raise ValueError(f"{self.uri} has no consumer group {group!r}; its groups: "
+                                 f"{state.groups or 'none'}")
+            return RemoveGroup(group, commit_id)
+
+        result = self.commit(build)
+        assert result is not None
+        return result.version
+
     # -- retention ---------------------------------------------------------------------
 
     def retention_point(self, keep_last: int = 2) -> RetentionPoint:
         """What ``retain(keep_last)`` would reclaim now."""
-        return retention_point(self._state, keep_last, groups_with_progress(self.store))
+        return retention_point(self._state, keep_last)
+
+    def group_holds(self, keep_last: int = 2) -> dict[str, int]:
+        """The step from which each consumer group holds data under ``retain(keep_last)``."""
+        return group_holds(self._state, keep_last)
 
     def retain(self, keep_last: int = 2) -> int | None:
         """Reclaims data no retained checkpoint needs: for every consumer group keep its last
@@ -326,11 +393,11 @@ class Stream:
         removed from the table (Delta ``remove``). Files are deleted later by ``gc``.
 
         Safe beside producers, readers and other retainers: the point is recomputed on the
-        latest log at every commit attempt. A group with progress but no marker holds
-        everything. Returns the reclaim's version, or None if nothing was reclaimable.
+        latest log at every commit attempt. A registered group with no marker holds from its
+        registration step; a stream with no group holds everything; progress objects hold
+        nothing. Returns the reclaim's version, or None if nothing was reclaimable.
         """
-        groups = groups_with_progress(self.store)
-        result = self.commit(lambda state, cid: reclaim_entry(state, keep_last, groups, cid))
+        result = self.commit(lambda state, cid: reclaim_entry(state, keep_last, cid))
         return None if result is None else result.version
 
     def gc(self, grace_seconds: float = 3600.0, *, delta_checkpoint: bool = True) -> GcReport:

@@ -4,15 +4,15 @@ checks what nothing may read for a while (entries behind a snapshot, old snapsho
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.fragment import FragmentReader
-from lakestream.log import log_key
+from lakestream.log import decode_entry, log_key
 from lakestream.replay import ReplayState
 from lakestream.snapshot import SNAPSHOT_DIR, decode_snapshot, snapshot_key, snapshot_version
 from lakestream.store.base import ObjectStore
-from lakestream.tail import read_entry
 
 
 @dataclass
@@ -34,21 +34,42 @@ def _snapshot_versions(store: ObjectStore) -> list[int]:
     return sorted(out)
 
 
+def strict_json(data: bytes) -> bool:
+    """Whether every line of an entry is JSON (Python's json also reads NaN and Infinity)."""
+    def refuse(token: str) -> None:
+        raise ValueError(token)
+
+    try:
+        for line in data.split(b"\n"):
+            if line.strip():
+                json.loads(line, parse_constant=refuse)
+    except ValueError:
+        return False
+    return True
+
+
 def _summary(state: ReplayState) -> tuple[object, ...]:
     return (state.next_offset, state.reclaimed_below, state.all_fragments(),
             {k: (p.epoch, p.seq, p.state) for k, p in state.producers.items()},
-            state.markers, state.reclaim_versions)
+            state.markers, state.registered, state.reclaim_versions)
 
 
 def verify(store: ObjectStore) -> VerifyReport:
     """Replays the log from its oldest retained entry, checks every snapshot against that
-    replay, and reads every live fragment whole against its recorded size and checksum."""
+    replay, and reads every live fragment whole against its recorded size and checksum.
+
+    Raises:
+        NotFoundError: there is no stream at all (no log version 0, no snapshot).
+    """
     report = VerifyReport()
     snapshots = _snapshot_versions(store)
     state = ReplayState()
     try:
         store.head(log_key(0))
     except NotFoundError:
+        if not snapshots:
+            raise NotFoundError(f"no stream at {store.uri}: it has no log version 0 and no "
+                                "snapshot") from None
         # gc compacted the log: start from the oldest snapshot.
         for v in snapshots:
             try:
@@ -63,14 +84,19 @@ def verify(store: ObjectStore) -> VerifyReport:
     while True:
         v = state.version + 1
         try:
-            entry = read_entry(store, v)
-            state.apply(v, entry)
+            data = store.get(log_key(v))
+            state.apply(v, decode_entry(v, data))
         except NotFoundError:
             break
         except CorruptLogError as e:
             report.problems.append(str(e))
             return report  # nothing past a damaged entry can be replayed
         report.entries += 1
+        if not strict_json(data):
+            report.problems.append(
+                f"log version {v} holds NaN or Infinity, which is not JSON: Delta readers "
+                "(Spark, delta-rs, DuckDB) reject the entry; it was written before states "
+                "were checked, and stays readable here")
         if v in wanted:
             report.snapshots += 1
             key = snapshot_key(v)

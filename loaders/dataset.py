@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -9,16 +10,17 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from lakestream.errors import LakestreamError
+from lakestream.errors import LakestreamError, PermissionDeniedError
 from lakestream.loaders.collate import Collate, collate_table
 from lakestream.loaders.planning import resolve_rank, worker_steps
-from lakestream.loaders.publisher import ProgressPublisher
+from lakestream.loaders.publisher import JobProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader
+from lakestream.log import check_group
 from lakestream.plan import check_world
-from lakestream.progress import check_group, publish_progress
 from lakestream.stream import Stream
 
 STATE_VERSION = 1
+log = logging.getLogger("lakestream")
 
 
 def _distributed() -> tuple[int, int] | None:
@@ -31,7 +33,7 @@ def _distributed() -> tuple[int, int] | None:
 
 class StreamDataset(IterableDataset[dict[str, Any]]):
     """Yields, for each step from ``start_step`` on, this rank's slice of the global batch as
-    a dict of tensors plus ``"step"``.
+    a dict of tensors plus its step number (under ``"step"``, or ``step_key``).
 
     Every rank of every run derives the same steps from the log: the slices of all ranks
     partition each global batch, a step is yielded only once it is committed (all ranks see
@@ -43,8 +45,14 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     when it iterates in this process; with workers, iterate through ``StreamLoader`` (or call
     ``record_step``) so that ``state_dict()`` knows what was consumed.
 
+    A dataset with a consumer ``group`` joins it: rank 0 registers the group at its first
+    step (once; the group then holds retention from there until its own checkpoint markers
+    take over), publishes its progress and commits its markers. ``group=None`` reads
+    without one: it publishes nothing, registers nothing and holds nothing (an eval or
+    analysis job beside training).
+
     Args:
-        uri: the stream. group: the consumer group (checkpoint markers, progress).
+        uri: the stream. group: the consumer group, or None to read without one.
         rank, world_size: default to torch.distributed, then RANK/WORLD_SIZE, then 0/1.
         start_step: the first step to read. max_steps: iteration stops before this step.
         columns: the columns to read (all if None). timeout: seconds to wait for a step
@@ -55,17 +63,23 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             on ``close``; 0 disables it.
         keep_last: if set, each ``commit_checkpoint`` also runs retention keeping the last
             ``keep_last`` markers of every group (off by default).
+        step_key: the key under which each batch carries its step number; a stream with a
+            column of that name needs another (``ValueError`` otherwise).
     """
 
-    def __init__(self, uri: str, group: str = "train", rank: int | None = None,
+    def __init__(self, uri: str, group: str | None = "train", rank: int | None = None,
                  world_size: int | None = None, start_step: int = 0,
                  columns: list[str] | None = None, timeout: float | None = None,
                  collate: str | Collate = "padded", *,
                  storage_options: dict[str, str] | None = None,
                  max_steps: int | None = None, prefetch: int = 4, read_threads: int = 2,
-                 progress_interval_s: float = 1.0, keep_last: int | None = None) -> None:
+                 progress_interval_s: float = 1.0, keep_last: int | None = None,
+                 step_key: str = "step") -> None:
         super().__init__()
-        self.uri, self.group = uri, check_group(group)
+        self.uri = uri
+        self.group = None if group is None else check_group(group)
+        self.job = job_id()
+        """This job's identity in its group's progress (``JobProgress``)."""
         self.storage_options = storage_options
         self.rank, self.world_size = resolve_rank(rank, world_size, distributed=_distributed())
         if not isinstance(start_step, int) or start_step < 0:
@@ -85,9 +99,14 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """Set by the trainer; published with progress so producers can stamp samples."""
         self._stream: Stream | None = None
         self._publisher: ProgressPublisher | None = None
+        self._progress: JobProgress | None = None
         self.last_reader: StepReader | None = None
         stream = self.stream
         check_world(stream.global_batch_size, stream.group_size, self.world_size)
+        self.step_key = step_key
+        if step_key in stream.schema.names:
+            raise ValueError(f"{uri} has a column {step_key!r}, where each batch carries its step "
+                             f"number: pass step_key= another name (e.g. 'lakestream_step')")
         if columns is not None:
             unknown = [c for c in columns if c not in stream.schema.names]
             if unknown:
@@ -104,6 +123,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         state = dict(self.__dict__)
         state["_stream"] = None  # a worker opens its own handle
         state["_publisher"] = None
+        state["_progress"] = None
         state["last_reader"] = None
         return state
 
@@ -117,13 +137,16 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                             prefetch=self.prefetch, threads=self.read_threads,
                             timeout=self.timeout)
         self.last_reader = reader
+        if self.group is not None and self.rank == 0 and worker == 0 \
+                and self.group not in self.stream.groups:
+            self._register()
         steps = worker_steps(self.start_step, self.max_steps, worker, workers)
         try:
             for step, table in reader.read(steps):
                 item = self.collate(table) if callable(self.collate) else collate_table(
                     table, self.collate)
                 if isinstance(item, dict):
-                    item["step"] = step
+                    item[self.step_key] = step
                 if in_process:
                     self.record_step(step)
                 yield item
@@ -131,21 +154,42 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             if in_process:
                 self.close()
 
+    def _register(self) -> None:
+        """Registers the group where this job starts reading (at most the visible steps:
+        holding from an earlier step is safe, from a later one would not be)."""
+        assert self.group is not None
+        step = min(self.start_step, self.stream.num_steps)
+        try:
+            self.stream.register_group(self.group, step)
+        except PermissionDeniedError as e:
+            log.warning("could not register consumer group %r at step %d (%s): it holds no "
+                        "data until it commits a checkpoint marker; a job that only reads "
+                        "passes group=None", self.group, step, e)
+
     # -- state ------------------------------------------------------------------------
 
     def record_step(self, step: int) -> None:
         """Notes that ``step`` was consumed: the state now resumes at ``step + 1``, and rank 0
         publishes progress (at most every ``progress_interval_s``, and always the latest)."""
         self.start_step = step + 1
-        if self.rank != 0 or self.progress_interval_s <= 0:
+        if self.rank != 0 or self.progress_interval_s <= 0 or self.group is None:
             return
         if self._publisher is None:
-            store, group = self.stream.store, self.group
-            self._publisher = ProgressPublisher(
-                lambda s, pv: publish_progress(store, group, s, pv), self.progress_interval_s)
+            self._publisher = ProgressPublisher(self._job_progress(), self.progress_interval_s)
             # A dataset dropped without close() still stops its thread.
             weakref.finalize(self, self._publisher.stop)
         self._publisher.update(self.start_step, self.policy_version)
+
+    def _job_progress(self) -> JobProgress:
+        assert self.group is not None
+        if self._progress is None:
+            self._progress = JobProgress(self.stream.store, self.group, self.job)
+        return self._progress
+
+    @property
+    def progress_conflicts(self) -> int:
+        """Publishes that found another job's progress in this group (see ``JobProgress``)."""
+        return self._progress.conflicts if self._progress is not None else 0
 
     @property
     def publish_errors(self) -> int:
@@ -159,9 +203,10 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             self._publisher.stop()
 
     def publish_progress(self) -> None:
-        """Publishes ``{step, policy_version}`` for the group now (rank 0 only)."""
-        if self.rank == 0:
-            publish_progress(self.stream.store, self.group, self.start_step, self.policy_version)
+        """Publishes ``{step, policy_version}`` for the group now (rank 0 only; nothing
+        without a group)."""
+        if self.rank == 0 and self.group is not None:
+            self._job_progress()(self.start_step, self.policy_version)
 
     def state_dict(self) -> dict[str, Any]:
         """The resume point: the next step to read (torchdata/DCP ``Stateful``)."""
@@ -191,7 +236,13 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
 
         Returns:
             The log version of the marker (rank 0).
+
+        Raises:
+            ValueError: the dataset reads without a group (``group=None``).
         """
+        if self.group is None:
+            raise ValueError(f"a StreamDataset of {self.uri} with group=None commits nothing: "
+                             "pass group= to checkpoint as a consumer group")
         if self.rank != 0:
             return None
         step = self.start_step if step is None else step
@@ -217,7 +268,7 @@ class StreamLoader:
     def __iter__(self) -> Iterator[Any]:
         try:
             for batch in self.loader:
-                step = batch["step"] if isinstance(batch, dict) else None
+                step = batch.get(self.dataset.step_key) if isinstance(batch, dict) else None
                 if step is not None:
                     self.dataset.record_step(int(step))
                 yield batch

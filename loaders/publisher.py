@@ -1,12 +1,18 @@
-"""Rank 0's progress publisher: a background thread with an owner, a stop and a voice."""
+"""Rank 0's progress publisher: a background thread with an owner, a stop and a voice, and
+the job identity that tells two jobs in one consumer group apart."""
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
+import uuid
 from collections.abc import Callable
 
 from lakestream.errors import LakestreamError
+from lakestream.progress import publish_progress, read_progress
+from lakestream.store.base import ObjectStore
 
 log = logging.getLogger("lakestream")
 
@@ -90,3 +96,47 @@ class ProgressPublisher:
             self._round()
             stop.wait(self.interval_s)
         self._round()  # the last update, so producers see where the trainer stopped
+
+
+_PROCESS_JOB = uuid.uuid4().hex[:16]
+
+
+def job_id() -> str:
+    """This job's id in progress objects: torchrun's run id (the same across the elastic
+    restarts of one run), else one per process (every dataset of the process shares it)."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") or _PROCESS_JOB
+
+
+class JobProgress:
+    """Writes one job's progress into its consumer group, and says when another job writes
+    there too: two jobs in one group would interleave their steps, and producers bounded by
+    ``max_lag_steps`` would follow whichever wrote last.
+
+    Before each publish it reads the group's progress. Another job's progress found after
+    this job has published means both are publishing now; found before, it counts only if
+    it was updated within ``FRESH_S`` by the publisher's clock (else it is a finished or
+    crashed predecessor, such as the run this job resumes; clocks skewed by more than that
+    blur this case only). Each finding is counted in ``conflicts`` and logged (the
+    first, then every 100th), naming both jobs. This job's publish still goes ahead.
+    """
+
+    FRESH_S = 60.0
+
+    def __init__(self, store: ObjectStore, group: str, job: str) -> None:
+        self.store, self.group, self.job = store, group, job
+        self.conflicts = 0
+        self._published = False
+
+    def __call__(self, step: int, policy_version: int | None) -> None:
+        current = read_progress(self.store, self.group)
+        if current is not None and current.job not in (None, self.job) and (
+                self._published or time.time() - current.updated < self.FRESH_S):
+            self.conflicts += 1
+            if self.conflicts == 1 or self.conflicts % 100 == 0:
+                log.warning(
+                    "consumer group %r: job %s published progress (step %d) beside this job "
+                    "%s (step %d); two jobs in one group interleave their progress: give "
+                    "each job its own group, or group=None to read without one (%d times)",
+                    self.group, current.job, current.step, self.job, step, self.conflicts)
+        publish_progress(self.store, self.group, step, policy_version, self.job)
+        self._published = True

@@ -16,10 +16,10 @@ import pyarrow as pa
 from lakestream.errors import LakestreamError
 from lakestream.failpoints import failpoint
 from lakestream.fragment import encode_fragment, fragment_key, put_fragment
-from lakestream.log import Entry, Fence, check_producer_id, check_state
+from lakestream.log import Entry, Fence, check_group, check_producer_id, check_state
 from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
-from lakestream.progress import check_group, read_progress
+from lakestream.progress import read_progress
 from lakestream.replay import ReplayState
 from lakestream.schema import conform, oversized_sample
 from lakestream.stream import Stream

@@ -11,14 +11,15 @@ ROOT = Path(__file__).resolve().parents[1]
 RANKS = {
     "errors": 0, "failpoints": 0, "threads": 0,
     "store": 1, "schema": 1,
-    "log": 2, "plan": 2, "progress": 2,
-    "index": 3,
+    "log": 2, "plan": 2,
+    "index": 3, "progress": 3,
     "replay": 4, "fragment": 4,
     "tail": 5, "inventory": 5,
     "snapshot": 6,
     "transaction": 7, "retention": 7, "verify": 7,
     "stream": 8,
-    "cli": 9, "__init__": 10,
+    "status": 9,
+    "cli": 10, "__init__": 11,
 }
 
 

@@ -20,6 +20,7 @@ import pytest
 import lakestream
 from lakestream.errors import CorruptLogError
 from lakestream.log import (
+    WRITER_FEATURE,
     Append,
     Create,
     FragmentRef,
@@ -159,8 +160,8 @@ def _table(columns: list[tuple[str, pa.DataType, list[Any], pa.DataType | None]]
 
 
 @pytest.mark.parametrize("with_naive, protocol", [
-    (True, [3, 7, NTZ, NTZ]),
-    (False, [1, 2, None, None]),
+    (True, [3, 7, NTZ, [*NTZ, WRITER_FEATURE]]),
+    (False, [1, 7, None, [WRITER_FEATURE]]),
 ], ids=["naive-timestamps", "zoned-timestamps-only"])
 def test_deltalake_reads_back_every_column_type(tmp_path: Path, with_naive: bool,
                                                 protocol: list[Any]) -> None:
@@ -213,7 +214,7 @@ def test_a_nested_naive_timestamp_gets_the_feature(tmp_path: Path, column: pa.Da
                   else [("k", dt.datetime(2020, 1, 1))])
     stream.append(pa.table({"id": [7], "nested": [value]}, schema=schema))
     seen = delta_read(uri)
-    assert seen["protocol"] == [3, 7, NTZ, NTZ]
+    assert seen["protocol"] == [3, 7, NTZ, [*NTZ, WRITER_FEATURE]]
     assert seen["table"].column("id").to_pylist() == [7]
     assert seen["table"].column("nested").to_pylist() == [value]
 
@@ -258,12 +259,12 @@ def _protocol(data: bytes) -> dict[str, Any]:
 
 def test_the_create_entry_declares_what_the_schema_needs() -> None:
     plain = StreamMeta(pa.schema([("t", pa.timestamp("us", tz="UTC"))]), 1, 1)
-    assert _protocol(encode_entry(Create(plain))) == {"minReaderVersion": 1,
-                                                      "minWriterVersion": 2}
+    assert _protocol(encode_entry(Create(plain))) == {
+        "minReaderVersion": 1, "minWriterVersion": 7, "writerFeatures": [WRITER_FEATURE]}
     naive = StreamMeta(pa.schema([("t", pa.list_(pa.timestamp("us")))]), 1, 1)
     data = encode_entry(Create(naive))
     assert _protocol(data) == {"minReaderVersion": 3, "minWriterVersion": 7,
-                               "readerFeatures": NTZ, "writerFeatures": NTZ}
+                               "readerFeatures": NTZ, "writerFeatures": [*NTZ, WRITER_FEATURE]}
     decoded = decode_entry(0, data)
     assert isinstance(decoded, Create) and decoded.meta.schema.equals(naive.schema)
 
@@ -348,6 +349,63 @@ def test_an_old_entry_with_nan_state_still_decodes() -> None:
     assert b"NaN" in data
     decoded = decode_entry(1, data)
     assert isinstance(decoded, Append) and decoded.state != decoded.state  # NaN
+
+
+def test_verify_flags_an_old_entry_delta_readers_cannot_parse(tmp_path: Path) -> None:
+    from lakestream.verify import verify
+
+    s = lakestream.create(str(tmp_path / "s"), pa.schema([("id", pa.int64())]),
+                          global_batch_size=1)
+    s.append({"id": [1]})
+    lines = _actions(s.store.get(log_key(1)))
+    info = lines[0]["commitInfo"]["lakestream"]
+    del info["crc32"]
+    info["state"] = float("nan")
+    info["crc32"] = entry_checksum(lines)
+    s.store.put(log_key(1), ("\n".join(json.dumps(a) for a in lines) + "\n").encode())
+    problems = verify(s.store).problems
+    assert len(problems) == 1 and "log version 1 holds NaN" in problems[0]
+    assert lakestream.open(s.uri).num_samples == 1  # still readable here
+
+
+_FOREIGN_APPEND = """
+import os, sys
+import pyarrow as pa
+import deltalake
+try:
+    deltalake.write_deltalake(sys.argv[1], pa.table({"id": [7]}), mode="append")
+    print("appended", flush=True)
+except Exception as e:
+    print(f"refused: {e}", flush=True)
+os._exit(0)
+"""
+
+
+def _foreign_append(uri: str) -> str:
+    out = subprocess.run([sys.executable, "-c", _FOREIGN_APPEND, uri], capture_output=True,
+                         text=True, timeout=120)
+    return out.stdout.strip()
+
+
+def test_other_delta_writers_are_kept_out_and_named(tmp_path: Path) -> None:
+    """A stream declares a writer feature other Delta writers do not know, so delta-rs
+    refuses to append (and the stream is unchanged); on a stream created before it, the
+    foreign commit is named for what it is, not taken for a truncated entry."""
+    schema = pa.schema([("id", pa.int64())])
+    s = lakestream.create(str(tmp_path / "s"), schema, global_batch_size=1)
+    s.append({"id": [1]})
+    files = sorted(p.name for p in (tmp_path / "s").rglob("*"))
+    refused = _foreign_append(s.uri)
+    assert refused.startswith("refused") and "lakestreamLog" in refused
+    assert sorted(p.name for p in (tmp_path / "s").rglob("*")) == files
+    assert lakestream.open(s.uri).num_samples == 1
+
+    old = lakestream.create(str(tmp_path / "old"), schema, global_batch_size=1)
+    old.store.put(log_key(0), _with_legacy_protocol(old.store.get(log_key(0))))
+    assert _foreign_append(old.uri) == "appended"
+    with pytest.raises(CorruptLogError, match=r"log version 1 was committed by delta-rs.*not by "
+                                              r"Lakestream"):
+        lakestream.open(old.uri)
 
 
 # ---------------------------------------------------------------------------------------------

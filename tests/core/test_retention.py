@@ -17,7 +17,9 @@ from lakestream.errors import StepNotAvailableError
 from lakestream.inventory import unreferenced
 from lakestream.log import Fence
 from lakestream.progress import publish_progress
+from lakestream.snapshot import read_hint
 from lakestream.tail import TAIL_WIDTH
+from lakestream.verify import verify
 from tests.core.test_open import CountingStore
 from tests.helpers import SCHEMA, delta_ids, ids, rows
 
@@ -57,12 +59,82 @@ def test_markers_decide_what_is_reclaimed(backend) -> None:
     assert ids(reopened.read_step(7)) == [28, 29, 30, 31]
 
 
-def test_a_group_without_a_marker_holds_everything(tmp_path) -> None:
+def test_progress_holds_nothing_a_registration_holds_until_removed(tmp_path) -> None:
+    """A group holds data only through what it committed: a progress object alone holds
+    nothing; a registration holds from its step until the group is removed, and every
+    handle (reopened, or replaying from a snapshot) agrees."""
     s = _filled(str(tmp_path / "s"), 4)
     s.mark_checkpoint("train", 3)
-    publish_progress(s.store, "eval", step=0)  # eval reads but has no checkpoint yet
-    assert s.retain(keep_last=1) is None
-    assert ids(s.read_step(0)) == [0, 1, 2, 3]
+    publish_progress(s.store, "stray", step=0)  # an object, not a commitment
+    assert s.retention_point(keep_last=1).step == 3
+    v = s.register_group("eval", 1)
+    assert v is not None and s.register_group("eval", 0) is None  # idempotent
+    assert s.group_holds(keep_last=1) == {"train": 3, "eval": 1}
+    assert s.retention_point(keep_last=1).step == 1
+    other = lakestream.open(s.uri)
+    assert other.groups == ["eval", "train"] and other.registered_step("eval") == 1
+    s.remove_group("eval")
+    with pytest.raises(ValueError, match="no consumer group 'eval'"):
+        s.remove_group("eval")
+    other.refresh()
+    for handle in (s, other, lakestream.open(s.uri)):
+        assert handle.groups == ["train"] and handle.retention_point(keep_last=1).step == 3
+    assert s.retain(keep_last=1) is not None
+    with pytest.raises(StepNotAvailableError):
+        s.read_step(0)
+
+
+def test_registrations_and_removals_survive_snapshots(tmp_path) -> None:
+    """A handle that opens from a snapshot knows the registrations and removals before it."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B, snapshot_interval=2)
+    s.append(rows(0, 4))
+    s.register_group("eval", 1)
+    s.mark_checkpoint("gone", 1)
+    s.remove_group("gone")
+    for k in range(4):
+        s.append(rows(4 + 4 * k, 4))
+    assert read_hint(s.store) == 8  # opened from the snapshot at version 8
+    opened = lakestream.open(s.uri)
+    assert opened.groups == ["eval"]
+    assert opened.registered_step("eval") == 1 and opened.checkpoints("gone") == []
+    assert verify(s.store).problems == []  # the snapshots agree with the replay
+
+
+def test_group_entries_carry_a_format_older_readers_refuse_by_name() -> None:
+    """A lakestream from before ``register``/``remove_group`` reads format 1 only: it stops
+    at such an entry with "upgrade lakestream", where an unknown operation would read as
+    corruption."""
+    import json
+
+    from lakestream.log import (
+        GROUP_ENTRY_FORMAT,
+        Register,
+        RemoveGroup,
+        decode_entry,
+        encode_entry,
+    )
+
+    for entry in (Register("eval", 3), RemoveGroup("eval")):
+        data = encode_entry(entry)
+        assert json.loads(data.split(b"\n")[0])["commitInfo"]["lakestream"]["format"] == \
+            GROUP_ENTRY_FORMAT == 2
+        assert decode_entry(7, data) == entry
+
+
+def test_registering_past_the_end_is_refused_and_retain_stays_inside(tmp_path) -> None:
+    """A reclaim past the end of the stream would be corrupt: a group cannot register
+    beyond the visible steps, and the retention point never passes the end."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
+    s.append(rows(0, B))
+    with pytest.raises(ValueError, match="cannot register at step 5"):
+        s.register_group("eval", 5)
+    from lakestream.log import Register
+
+    # As a writer without that check (or a stream that was shorter) could have left it:
+    s.commit(lambda state, commit_id: Register("eval", 5, commit_id))
+    assert s.retention_point(keep_last=1).below_offset <= s.num_samples
+    s.retain(keep_last=1)
+    assert lakestream.open(s.uri).num_samples == B
 
 
 def test_no_marker_means_no_reclaim(tmp_path) -> None:

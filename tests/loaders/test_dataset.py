@@ -214,3 +214,15 @@ def test_progress_after_a_burst_is_published_while_the_trainer_waits(tmp_path) -
     s.append(rows(78, 6))
     t.join(timeout=120)
     assert not t.is_alive() and steps == [0, 1, 2, 3]
+
+
+def test_a_column_named_step_is_not_overwritten(tmp_path) -> None:
+    schema = pa.schema([("id", pa.int64()), ("step", pa.int64())])
+    s = lakestream.create(str(tmp_path / "s"), schema, global_batch_size=2)
+    s.append({"id": [0, 1], "step": [70, 71]})
+    version = s.version
+    with pytest.raises(ValueError, match="has a column 'step'.*pass step_key="):
+        StreamDataset(s.uri, max_steps=1)
+    (batch,) = StreamDataset(s.uri, max_steps=1, step_key="lakestream_step")
+    assert batch["step"].tolist() == [70, 71] and batch["lakestream_step"] == 0
+    assert s.refresh() == version + 1  # the group "train" registered; nothing else
