@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	@$(PY) -m pip install -q --upgrade pip >$(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
 	@$(PY) -m pip install -q $(TORCH) >>$(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
 	@$(PY) -m pip install -q -e '.[dev,s3,torch]' >>$(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
+	@$(PY) -m pip check >>$(VENV)/install.log 2>&1 || (cat $(VENV)/install.log; exit 1)
 	@touch $(STAMP)
 
 lint: $(STAMP)

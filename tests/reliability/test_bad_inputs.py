@@ -125,3 +125,79 @@ def test_no_unsafe_deserialisation_of_stream_data() -> None:
                 if pattern.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert offenders == []
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("data", [
+    {"id": [0, 1], "tokens": [[1], [2]], "reward": [1e300, 0.5]},
+    [{"id": 0, "tokens": [1], "reward": -4e38}, {"id": 1, "tokens": [2], "reward": 0.5}],
+], ids=["columns", "rows"])
+def test_a_value_beyond_float32_is_refused_not_stored_as_infinity(tmp_path, data) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
+    files = _files(tmp_path / "s")
+    with pytest.raises(SchemaMismatchError, match=r"column reward holds 1 finite values beyond "
+                                                  r"the range of float"):
+        s.append(data)
+    assert s.refresh() == 0 and _files(tmp_path / "s") == files
+    with Producer(s.uri, "p") as p:
+        with pytest.raises(SchemaMismatchError, match="column reward"):
+            p.write(data)
+        version = p.stream.version
+    assert _unchanged(s, version)
+
+
+@pytest.mark.parametrize("t, value", [
+    (pa.list_(pa.float32(), 2), [1.0, 1e39]),
+    (pa.struct([("x", pa.float32())]), {"x": -1e39}),
+    (pa.list_(pa.list_(pa.float32())), [[1.0], [7e38]]),
+], ids=["fixed-size-list", "struct", "nested-list"])
+def test_overflow_is_caught_at_any_depth_and_ints_stay_exact(tmp_path, t, value) -> None:
+    schema = pa.schema([("id", pa.int64()), ("v", t)])
+    s = lakestream.create(str(tmp_path / "s"), schema, global_batch_size=1)
+    with pytest.raises(SchemaMismatchError, match="column v holds 1 finite values beyond"):
+        s.append({"id": [0], "v": [value]})
+    assert s.refresh() == 0
+    plain = lakestream.create(str(tmp_path / "p"), pa.schema([("r", pa.float32())]),
+                              global_batch_size=1)
+    with pytest.raises(SchemaMismatchError, match="16777217"):  # as before: not rounded
+        plain.append({"r": [16777217]})
+
+
+def test_a_state_with_non_string_keys_is_refused(tmp_path) -> None:
+    """JSON would hand ``{1: "a"}`` back as ``{"1": "a"}`` after a restart."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
+    with Producer(s.uri, "p") as p:
+        version = p.stream.version
+        for state in ({1: "a"}, {"cursor": {"shard": [{2: 0}]}}):
+            with pytest.raises(TypeError, match=r"entry state key at state\[.*\] is not a "
+                                                r"string"):
+                p.write(rows(0, 2), state=state)
+    assert _unchanged(s, version)
+    with Producer(s.uri, "p") as p:
+        p.write(rows(0, 2), state={"1": "a"})
+    with Producer(s.uri, "p") as p:
+        assert p.state == {"1": "a"}
+
+
+@pytest.mark.parametrize("producer_id", ["r\n", "r\r", "../x", "a/b", ""])
+def test_a_bad_producer_id_commits_no_fence(tmp_path, producer_id) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
+    files = _files(tmp_path / "s")
+    with pytest.raises(ValueError, match="producer id .* is not valid"):
+        Producer(s.uri, producer_id)
+    assert s.refresh() == 0 and _files(tmp_path / "s") == files
+
+
+@pytest.mark.parametrize("group", ["../x", "a/b", "x\n", ""])
+def test_a_bad_group_commits_no_marker_or_registration(tmp_path, group) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
+    s.append(rows(0, 2))
+    files = _files(tmp_path / "s")
+    for call in (lambda: s.mark_checkpoint(group, 0), lambda: s.register_group(group),
+                 lambda: s.remove_group(group)):
+        with pytest.raises(ValueError, match="consumer group .* is not valid"):
+            call()
+    assert s.refresh() == 1 and _files(tmp_path / "s") == files
