@@ -185,6 +185,25 @@ def _codecs_section(codecs: dict[str, Any]) -> list[str]:
     return [*out, "", f"Command: `{codecs['command'].strip()}`", ""]
 
 
+def _stages_section(stages: dict[str, Any]) -> list[str]:
+    out = ["## One producer, stage by stage (`bench/stages.py`)", "",
+           "CPU seconds per GB of Arrow data of the thread running each stage (local store, "
+           f"16-sample fragments, medians of {stages['reps']} interleaved repetitions), beside "
+           "the same encode and put measured alone in the same run.", "",
+           "| codec | upload threads | MB/s | producer | encode (alone) | store put (alone) | "
+           "CRC-32 | size check | conform | committer | `write` call |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for x in stages["rows"]:
+        st = x["stages_cpu_s_per_gb"]
+        out.append(f"| {x['compression']} | {x['upload_threads']} | {x['mb_per_s']:.0f} | "
+                   f"{x['producer_cpu_s_per_gb']:.2f} | {st['encode']:.2f} "
+                   f"({st['encode alone']:.2f}) | {st['store put']:.2f} "
+                   f"({st['store put alone']:.2f}) | {st['crc32']:.2f} | {st['size check']:.2f} "
+                   f"| {st['conform']:.2f} | {st['committer (all)']:.2f} | "
+                   f"{st['write call (all)']:.2f} |")
+    return [*out, "", f"Command: `{stages['command'].strip()}`", ""]
+
+
 def brokers_notes(brokers: dict[str, Any]) -> list[str]:
     """Where a Lakestream producer's CPU goes beyond its encode floor, from the run's own
     figures: the floor, the same bodies put to the same store alone, and the rest."""
@@ -200,7 +219,26 @@ def brokers_notes(brokers: dict[str, Any]) -> list[str]:
         out.append(f"| {x['system']} ({x['codec']}) | {x['producers']} | "
                    f"{x['producer_cpu_s_per_arrow_gb']:.2f} | {x['floor_cpu_s_per_gb']:.2f} | "
                    f"{x['put_cpu_s_per_gb']:.2f} | {rest:.2f} |")
-    return [*out, ""]
+    ing = {(x["system"], x["producers"]): x for x in brokers["ingest"]}
+    out += ["", "Why ingest misses its targets here: on 2 cores every run is CPU-bound, so CPU "
+            "per GB decides it. A broker producer ships raw bytes and its server appends them "
+            f"(Redis {ing[('redis', 4)]['cpu_s_per_gb']:.1f}, NATS async "
+            f"{ing[('nats-async', 4)]['cpu_s_per_gb']:.1f} CPU-s per GB, server included); a "
+            "Lakestream producer encodes Parquet (its floor above) and writes a file per "
+            "fragment, which on this machine's file system costs about as much as encoding "
+            "(the store put alone). The rest is stages costing more beside each other than "
+            "alone (upload threads, the committer and the writer share 2 cores and the GIL)"]
+    stages = _load("stages")
+    if isinstance(stages, dict):
+        st = [x["stages_cpu_s_per_gb"] for x in stages["rows"]]
+        inflation = [x["encode"] / x["encode alone"] for x in st]
+        committer = [x["committer (all)"] for x in st]
+        out[-1] += (f": in `bench/stages.py` below, encoding inside a producer costs "
+                    f"{min(inflation):.1f}-{max(inflation):.1f}x what it costs alone, and the "
+                    f"committer adds {min(committer):.1f}-{max(committer):.1f} CPU-s per GB")
+    out[-1] += "."
+    out.append("")
+    return out
 
 
 def main() -> None:
@@ -241,7 +279,8 @@ def main() -> None:
         reps = brokers.get("reps", 1)
         floors = [x for x in brokers["ingest"] if "over_floor" in x and "s3" not in x["system"]]
         out += ["", f"Ingest ran {reps} interleaved repetitions (every system once, then again); "
-                "rows are medians, and each ratio below is the median of the per-repetition "
+                "rows are each configuration's median repetition (by samples/s) with the min-max "
+                "of its MB/s, and each ratio below is the median of the per-repetition "
                 "ratios with their min-max. A Lakestream producer's encode floor is "
                 "`pq.write_table` of the same tables with the producer's options, measured in "
                 "each producer process right after its run.", "",
@@ -291,8 +330,8 @@ def main() -> None:
                 "logical CPUs, run in a network namespace with only loopback up (Ray listens on "
                 "every interface); Lakestream on the local store in the same namespace. Ingest "
                 f"ran {tq.get('reps', 1)} interleaved repetitions with the Ray cluster up "
-                "throughout (both systems beside it); rows are medians, the ratio the median "
-                "of the per-repetition ratios with their min-max. "
+                "throughout (both systems beside it); rows are median repetitions, the ratio "
+                "the median of the per-repetition ratios with their min-max. "
                 f"`tq.init()` took {tq['tq_init_s']:.1f} s.", "",
                 *_ingest_table(tq["ingest"]), "", *_consume_table(tq["consume"])]
         out += ["", "| target (4 producers, local store) | ratio | |", "| --- | --- | --- |",
@@ -376,6 +415,9 @@ def main() -> None:
     codecs = _load("codecs")
     if isinstance(codecs, dict):
         out += _codecs_section(codecs)
+    stages = _load("stages")
+    if isinstance(stages, dict):
+        out += _stages_section(stages)
     ingest = _load("ingest")
     if isinstance(ingest, dict):
         out += _ingest_section(ingest)

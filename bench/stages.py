@@ -1,0 +1,149 @@
+"""Where one producer's CPU goes, stage by stage: the CPU time of the thread running each
+stage (conform, the sample size check, encode, CRC-32, the store put, the committer), beside
+the same encode and put measured alone in the same run.
+
+One producer, local store, 16-sample RL fragments (~267 KB), flat out for ``--seconds``,
+for each codec and upload-thread count, ``--reps`` interleaved repetitions (medians).
+
+Usage: .venv/bin/python bench/stages.py [--seconds 5] [--reps 3]
+Writes bench/results/stages.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import payload  # noqa: E402
+from reps import median  # noqa: E402
+
+import lakestream  # noqa: E402
+import lakestream.producers.producer as producer_module  # noqa: E402
+from lakestream.fragment import encode_fragment  # noqa: E402
+from lakestream.producers import Producer, ProducerOptions  # noqa: E402
+from lakestream.producers.committer import Committer  # noqa: E402
+from lakestream.store.local import LocalStore  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+_spent: collections.Counter[str] = collections.Counter()
+_lock = threading.Lock()
+
+
+def _timed(name: str, f: Any) -> Any:
+    """``f``, with the CPU time of the calling thread inside it added to ``_spent[name]``."""
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            with _lock:
+                _spent[name] += time.thread_time() - t0
+    return timed
+
+
+def _instrument() -> None:
+    m = producer_module
+    m.conform = _timed("conform", m.conform)  # type: ignore[attr-defined]
+    m.oversized_sample = _timed("size check", m.oversized_sample)  # type: ignore[attr-defined]
+    m.encode_fragment = _timed("encode", m.encode_fragment)  # type: ignore[attr-defined]
+    m.put_fragment = _timed("store put", m.put_fragment)  # type: ignore[attr-defined]
+
+    class _Zlib:
+        crc32 = staticmethod(_timed("crc32", zlib.crc32))
+
+    m.zlib = _Zlib  # type: ignore[attr-defined]
+    m.Producer.write = _timed("write call (all)", m.Producer.write)  # type: ignore[method-assign]
+    m.Producer._upload = _timed("upload (all)", m.Producer._upload)  # type: ignore[method-assign]
+    Committer.run = _timed("committer (all)", Committer.run)  # type: ignore[method-assign]
+
+
+def _alone(tables: list[Any], compression: str, seconds: float) -> dict[str, float]:
+    """Encode, then put the encoded bodies to a fresh local store, each alone."""
+    gb = sum(t.nbytes for t in tables) / len(tables) / 1e9
+    cpu0, n = time.process_time(), 0
+    while time.process_time() - cpu0 < seconds:
+        encode_fragment(tables[n % len(tables)], 16, compression=compression)
+        n += 1
+    encode = (time.process_time() - cpu0) / (n * gb)
+    bodies = [encode_fragment(t, 16, compression=compression) for t in tables]
+    with tempfile.TemporaryDirectory(dir=RESULTS.parent) as root:
+        store = LocalStore(root)
+        cpu0, n = time.process_time(), 0
+        while time.process_time() - cpu0 < seconds:
+            store.put(f"data/p/{n}.parquet", bodies[n % len(bodies)], mode="create")
+            n += 1
+        put = (time.process_time() - cpu0) / (n * gb)
+    return {"encode alone": encode, "store put alone": put}
+
+
+def run(compression: str, threads: int, seconds: float) -> dict[str, Any]:
+    tables = [payload.rollouts(16, 16, seed=s) for s in range(16)]
+    gb_each = sum(t.nbytes for t in tables) / len(tables) / 1e9
+    _spent.clear()
+    with tempfile.TemporaryDirectory(dir=RESULTS.parent) as root:
+        lakestream.create(f"{root}/s", payload.ROLLOUT_SCHEMA, global_batch_size=256,
+                          group_size=16)
+        p = Producer(f"{root}/s", "p", options=ProducerOptions(compression=compression,
+                                                                 upload_threads=threads))
+        cpu0, wall0, n = time.process_time(), time.time(), 0
+        while time.time() - wall0 < seconds:
+            p.write(tables[n % len(tables)])
+            n += 1
+        p.close()
+        cpu, wall = time.process_time() - cpu0, time.time() - wall0
+        commits = p.stats.commits
+    gb = n * gb_each
+    stages = {k: v / gb for k, v in _spent.items()}
+    return {"compression": compression, "upload_threads": threads, "mb_per_s": gb / wall * 1e3,
+            "producer_cpu_s_per_gb": cpu / gb, "commits_per_gb": commits / gb,
+            "stages_cpu_s_per_gb": stages | _alone(tables, compression, 1.5)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    _instrument()
+    configs = [(c, t) for c in ("zstd", "none") for t in (2, 4)]
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for _rep in range(args.reps):
+        for c, t in configs:
+            r = run(c, t, args.seconds)
+            runs.setdefault((c, t), []).append(r)
+            print(f"{c:5} {t} threads {r['mb_per_s']:6.0f} MB/s "
+                  f"{r['producer_cpu_s_per_gb']:5.2f} CPU-s/GB " + " ".join(
+                      f"{k} {v:.2f}" for k, v in sorted(r["stages_cpu_s_per_gb"].items())),
+                  flush=True)
+    rows = []
+    for (c, t), rs in runs.items():
+        stages = {k: median([r["stages_cpu_s_per_gb"][k] for r in rs])
+                  for k in rs[0]["stages_cpu_s_per_gb"]}
+        rows.append({"compression": c, "upload_threads": t,
+                     "mb_per_s": median([r["mb_per_s"] for r in rs]),
+                     "producer_cpu_s_per_gb": median([r["producer_cpu_s_per_gb"] for r in rs]),
+                     "commits_per_gb": median([r["commits_per_gb"] for r in rs]),
+                     "stages_cpu_s_per_gb": stages})
+    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                          "platform": platform.platform()},
+              "command": "bench/stages.py " + " ".join(sys.argv[1:]), "reps": args.reps,
+              "rows": rows}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "stages.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
