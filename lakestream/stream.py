@@ -16,6 +16,7 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.fragment import FragmentReader, encode_fragment, fragment_key, put_fragment
+from lakestream.head import shared_head
 from lakestream.index import Fragment, SegmentError
 from lakestream.log import (
     Append,
@@ -164,6 +165,24 @@ class Stream:
             state = seen.copy()
             state.apply(seen.version + 1, entry)
             self._publish(read_tail(self.store, state))
+        return self._state.version
+
+    def poll(self) -> int:
+        """``refresh`` for readers waiting at the head: entries come through this process's
+        ``SharedHead``, so the process sends one GET per new version and one per backoff
+        round however many handles of the stream poll (``lakestream/head.py``). Returns the
+        version now seen. Committers refresh instead: they must see every rival at once.
+        """
+        seen = self._state
+        head = shared_head(self.store, seen.stream_meta.created_ms)
+        entry = head.entry(self.store, seen.version + 1)
+        if entry is None:
+            return seen.version
+        state = seen.copy()
+        while entry is not None:
+            state.apply(state.version + 1, entry)
+            entry = head.entry(self.store, state.version + 1)
+        self._publish(state)
         return self._state.version
 
     # -- what the stream holds -----------------------------------------------------------

@@ -20,7 +20,8 @@ class StepReader:
     """Reads one rank's slices of a sequence of steps, in order, ``prefetch`` steps ahead.
 
     A step that is not visible yet is waited for by polling the next log entry (a GET, never
-    a LIST), backing off from ``poll_min_s`` to ``poll_max_s``; after ``timeout`` seconds of
+    a LIST, shared by every reader of the stream in the process: ``Stream.poll``), backing
+    off from ``poll_min_s`` to ``poll_max_s``; after ``timeout`` seconds of
     waiting for one step, ``StepNotAvailableError`` is raised (``timeout=None`` waits forever).
     """
 
@@ -55,7 +56,7 @@ class StepReader:
         t0 = time.monotonic()
         delay = self.poll_min_s
         while True:
-            self.stream.refresh()
+            self.stream.poll()
             if self.stream.num_steps > step:
                 self.wait_s += time.monotonic() - t0
                 return

@@ -15,6 +15,7 @@ RANKS = {
     "index": 3, "progress": 3,
     "replay": 4, "fragment": 4,
     "tail": 5, "inventory": 5,
+    "head": 6,
     "snapshot": 6,
     "transaction": 7, "retention": 7, "verify": 7,
     "stream": 8,

@@ -1,0 +1,113 @@
+"""The log's head as readers in one process share it: one GET per new version and one poll
+per backoff round for the whole process, however many handles, ranks' readers or threads
+wait on the same stream.
+
+Readers waiting for steps poll the next log version. Alone, each would send its own GETs:
+64 reader threads polling at 100 Hz are 6,400 GETs/s on the log prefix, past what one S3
+prefix serves, each miss billed. Here entries, immutable once written, are cached per
+process (decoded, the newest ``CACHED_ENTRIES`` of each stream), one read of a version is in
+flight at a time, and a version found absent is asked for again only after a backoff that
+doubles from ``POLL_MIN_S`` to ``POLL_MAX_S`` while it stays absent, shared by every reader
+of the process.
+
+Only readers use this (``Stream.poll``). A committer never does: a cached "absent" could
+hide a rival's commit from the read that must find it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+
+from lakestream.errors import NotFoundError
+from lakestream.log import Entry
+from lakestream.store.base import ObjectStore
+from lakestream.tail import read_entry
+
+CACHED_ENTRIES = 256
+POLL_MIN_S = 0.005
+POLL_MAX_S = 0.5
+
+
+class SharedHead:
+    """What this process knows of one stream's log end."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._entries: OrderedDict[int, Entry] = OrderedDict()
+        self._reading: set[int] = set()
+        self._absent = -1
+        """The version last found absent; asked for again at ``_retry_at``."""
+        self._retry_at = 0.0
+        self._backoff = POLL_MIN_S
+        self.gets = 0
+        """GETs of log entries this process sent through here."""
+
+    def entry(self, store: ObjectStore, version: int) -> Entry | None:
+        """The entry at ``version``; None if it was absent when last asked for (at most a
+        backoff round ago).
+
+        Raises:
+            CorruptLogError: it cannot be parsed. StoreError: the store failed.
+        """
+        with self._cond:
+            while True:
+                if version in self._entries:
+                    self._entries.move_to_end(version)
+                    return self._entries[version]
+                if version == self._absent and time.monotonic() < self._retry_at:
+                    return None
+                if version not in self._reading:
+                    break
+                self._cond.wait()  # another thread is reading it: take its answer
+            self._reading.add(version)
+            self.gets += 1
+        entry: Entry | None = None
+        try:
+            entry = read_entry(store, version)
+        except NotFoundError:
+            pass
+        finally:
+            with self._cond:
+                self._reading.discard(version)
+                now = time.monotonic()
+                if entry is not None:
+                    self._entries[version] = entry
+                    while len(self._entries) > CACHED_ENTRIES:
+                        self._entries.popitem(last=False)
+                    if version >= self._absent:
+                        self._backoff = POLL_MIN_S
+                elif version == self._absent:
+                    self._backoff = min(POLL_MAX_S, self._backoff * 2)
+                else:
+                    self._absent, self._backoff = version, POLL_MIN_S
+                if entry is None:
+                    self._retry_at = now + self._backoff
+                self._cond.notify_all()
+        return entry
+
+
+_HEADS: dict[tuple[str, int], SharedHead] = {}
+_LOCK = threading.Lock()
+
+
+def shared_head(store: ObjectStore, created_ms: int) -> SharedHead:
+    """This process's ``SharedHead`` of the stream at ``store.uri`` created at
+    ``created_ms`` (a stream deleted and created again at the same place is another one)."""
+    with _LOCK:
+        head = _HEADS.get((store.uri, created_ms))
+        if head is None:
+            head = _HEADS[(store.uri, created_ms)] = SharedHead()
+        return head
+
+
+def _forget_in_child() -> None:
+    global _LOCK
+    _HEADS.clear()  # a forked child's threads and their locks did not come along
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

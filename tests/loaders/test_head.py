@@ -1,0 +1,74 @@
+"""Readers waiting at the head share one poll per process: the GETs on the log prefix do not
+grow with the number of readers, and every reader still sees each step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import lakestream
+from lakestream.loaders.reader import StepReader
+from lakestream.store.local import LocalStore
+from tests.helpers import SCHEMA, rows
+
+B = 4
+STEPS = 12
+
+
+def _tail(tmp_path, readers: int, monkeypatch) -> tuple[int, list[list[int]]]:
+    """``readers`` threads, each with its own handle, read steps 0..STEPS-1 while a writer
+    appends one step every 20 ms; returns the log GETs and what each reader got."""
+    gets: Counter[str] = Counter()
+    real_get = LocalStore.get
+
+    def counted(self: LocalStore, key: str) -> bytes:
+        if key.startswith("_delta_log/"):
+            gets["log"] += 1
+        return real_get(self, key)
+
+    s = lakestream.create(str(tmp_path / f"s{readers}"), SCHEMA, global_batch_size=B)
+    got: list[list[int]] = [[] for _ in range(readers)]
+
+    def read(k: int) -> None:
+        reader = StepReader(lakestream.open(s.uri), 0, 1, prefetch=0, timeout=30)
+        got[k] = [step for step, _ in reader.read(range(STEPS))]
+
+    monkeypatch.setattr(LocalStore, "get", counted)
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(readers)]
+    for t in threads:
+        t.start()
+    for step in range(STEPS):
+        time.sleep(0.02)
+        s.append(rows(B * step, B))
+    for t in threads:
+        t.join(60)
+    monkeypatch.setattr(LocalStore, "get", real_get)
+    return gets["log"], got
+
+
+def test_log_gets_do_not_grow_with_the_readers(tmp_path, monkeypatch) -> None:
+    one, got_one = _tail(tmp_path, 1, monkeypatch)
+    many, got_many = _tail(tmp_path, 32, monkeypatch)
+    assert got_one == [list(range(STEPS))]
+    assert got_many == [list(range(STEPS))] * 32
+    assert many <= 4 * one, (one, many)
+
+
+
+def test_a_stream_created_again_in_the_same_place_is_not_served_old_entries(tmp_path) -> None:
+    import shutil
+
+    uri = str(tmp_path / "s")
+    first = lakestream.create(uri, SCHEMA, global_batch_size=B)
+    old = lakestream.open(uri)
+    first.append(rows(0, B))
+    assert old.poll() == 1 and old.num_samples == B  # version 1 came through the head
+    shutil.rmtree(uri)
+    time.sleep(0.01)  # another creation time
+    second = lakestream.create(uri, SCHEMA, global_batch_size=B)
+    fresh = lakestream.open(uri)  # at version 0: its next poll asks for version 1
+    second.append(rows(100, 2 * B))
+    fresh.poll()
+    assert fresh.num_samples == 2 * B
+    assert fresh.read_step(0).column("id").to_pylist() == list(range(100, 100 + B))
