@@ -204,6 +204,33 @@ def _stages_section(stages: dict[str, Any]) -> list[str]:
     return [*out, "", f"Command: `{stages['command'].strip()}`", ""]
 
 
+def _tailing_section(tailing: dict[str, Any]) -> list[str]:
+    out = ["## Many readers tailing one stream (`bench/tailing.py`)", "",
+           "Reader threads, each with its own handle, wait for every step of a stream a "
+           f"producer appends a step to every {1000 * tailing['interval_s']:.0f} ms; GETs on "
+           "`_delta_log/` and commit -> visible latency (medians of "
+           f"{tailing['reps']} interleaved repetitions). `shared`: the readers of a process "
+           "share one poll of the head (`Stream.poll`, what loaders use); `alone`: each polls "
+           "the log itself with the same backoff (what loaders did before).", "",
+           "| store | readers | polling | log GETs/s | visible p50 ms | p99 ms |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for x in tailing["summary"]:
+        out.append(f"| {x['store']} | {x['readers']} | {'shared' if x['shared'] else 'alone'} "
+                   f"| {x['log_gets_per_s']:.1f} | {x['visible_p50_ms']:.1f} | "
+                   f"{x['visible_p99_ms']:.1f} |")
+    by = {(x["store"], x["readers"], x["shared"]): x for x in tailing["summary"]}
+    n = max(x["readers"] for x in tailing["summary"])
+    if ("local", 1, True) in by and ("local", n, True) in by:
+        ratio = by[("local", n, True)]["log_gets_per_s"] / by[("local", 1, True)]["log_gets_per_s"]
+        p50 = by[("local", n, True)]["visible_p50_ms"]
+        out += ["", f"Target: {n} readers send <= 4x the log GETs of one: {ratio:.2f}x, "
+                f"{_target(ratio <= 4)}; produce -> visible p50 <= 50 ms (local): "
+                f"{p50:.1f} ms, {_target(p50 <= 50)}. Readers in separate processes (DataLoader "
+                "workers, ranks on other hosts) each poll: there the GETs still grow with the "
+                "processes."]
+    return [*out, "", f"Command: `{tailing['command'].strip()}`", ""]
+
+
 def brokers_notes(brokers: dict[str, Any]) -> list[str]:
     """Where a Lakestream producer's CPU goes beyond its encode floor, from the run's own
     figures: the floor, the same bodies put to the same store alone, and the rest."""
@@ -418,6 +445,9 @@ def main() -> None:
     stages = _load("stages")
     if isinstance(stages, dict):
         out += _stages_section(stages)
+    tailing = _load("tailing")
+    if isinstance(tailing, dict):
+        out += _tailing_section(tailing)
     ingest = _load("ingest")
     if isinstance(ingest, dict):
         out += _ingest_section(ingest)
