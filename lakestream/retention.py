@@ -4,8 +4,10 @@ needs, then garbage-collect files, old log entries and snapshots after a grace p
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from tqdm import tqdm
 
 from lakestream.errors import CorruptLogError, NotFoundError, StoreError
 from lakestream.failpoints import failpoint
@@ -127,19 +129,9 @@ def _protected_by_recent_reclaims(store: ObjectStore, state: ReplayState,
     return paths
 
 
-def _progress(label: str) -> Callable[[int, int], None]:
-    if not sys.stderr.isatty():
-        return lambda _done, _total: None
-
-    def show(done: int, total: int) -> None:
-        width = 30
-        filled = width * done // max(total, 1)
-        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return show
+def _progress(items: list[ObjectMeta], label: str) -> Iterable[ObjectMeta]:
+    """``items``, with a progress bar on a terminal (none in logs and pipes)."""
+    return tqdm(items, desc=label, unit="file", disable=not sys.stderr.isatty(), leave=False)
 
 
 def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
@@ -163,13 +155,11 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
             doomed.append(meta)
         else:
             report.kept_in_grace += 1
-    show = _progress("gc data")
-    for i, meta in enumerate(doomed, 1):
+    for meta in _progress(doomed, "gc data"):
         failpoint("during_gc")
         store.delete(meta.key)
         report.data_files += 1
         report.data_bytes += meta.size
-        show(i, len(doomed))
     list_temp = getattr(store, "list_temp", None)
     if list_temp is not None:
         for meta in list_temp(""):
@@ -221,14 +211,12 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
                 entries.append(meta)
         except ValueError:
             continue  # _last_checkpoint and whatever else other engines keep there
-    show = _progress("gc log")
-    for i, meta in enumerate(entries, 1):
+    for meta in _progress(entries, "gc log"):
         if meta.last_modified > cutoff:
             continue
         failpoint("during_gc")
         store.delete(meta.key)
         report.log_entries += 1
-        show(i, len(entries))
     for meta in checkpoints:
         if meta.last_modified <= cutoff:
             store.delete(meta.key)

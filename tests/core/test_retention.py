@@ -315,3 +315,17 @@ class RetentionMachine(RuleBasedStateMachine):
 
 TestRetentionMachine = RetentionMachine.TestCase
 TestRetentionMachine.settings = settings(max_examples=25, stateful_step_count=20, deadline=None)
+
+
+def test_gc_shows_progress_on_a_terminal_only(tmp_path, monkeypatch, capsys) -> None:
+    s = _filled(str(tmp_path / "s"), 4)
+    s.mark_checkpoint("train", 3)
+    s.retain(keep_last=1)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    report = s.gc(grace_seconds=0, delta_checkpoint=False)
+    assert report.data_files == 6 and "gc data" in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    s.mark_checkpoint("train", 4)
+    s.retain(keep_last=1)
+    assert s.gc(grace_seconds=0, delta_checkpoint=False).data_files == 2
+    assert capsys.readouterr().err == ""
