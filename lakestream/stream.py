@@ -297,6 +297,21 @@ class Stream:
         assert result is not None
         return result.version
 
+    def _check_group_step(self, group: str, step: int, what: str) -> None:
+        """A valid group name and a step already visible (refreshing once to see it).
+
+        Raises:
+            ValueError: naming what is wrong; ``what`` says where such a step must lie.
+        """
+        check_group(group)
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        if step > self.num_steps:
+            self.refresh()
+        if step > self.num_steps:
+            raise ValueError(f"step {step} of group {group!r} is past the {self.num_steps} steps "
+                             f"visible in {self.uri}: {what} a step already readable")
+
     def mark_checkpoint(self, group: str, step: int, checkpoint_id: str | None = None) -> int:
         """Records that ``group`` has a durable checkpoint resuming at ``step``; returns the
         version. Call it after the training checkpoint is saved.
@@ -310,16 +325,7 @@ class Stream:
                 the visible steps.
             StepNotAvailableError: the step's data is already reclaimed (nothing committed).
         """
-        check_group(group)
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
-        if step > self.num_steps:
-            self.refresh()
-        if step > self.num_steps:
-            raise ValueError(
-                f"checkpoint step {step} of group {group!r} is past the {self.num_steps} steps "
-                f"visible in {self.uri}; a checkpoint resumes at a step already readable"
-            )
+        self._check_group_step(group, step, "a checkpoint resumes at")
         b = self.global_batch_size
 
         def build(state: ReplayState, commit_id: str) -> Entry:
@@ -354,14 +360,7 @@ class Stream:
                 the visible steps (a group registers where it starts reading).
             StepNotAvailableError: ``step``'s data is already reclaimed (nothing committed).
         """
-        check_group(group)
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
-        if step > self.num_steps:
-            self.refresh()
-        if step > self.num_steps:
-            raise ValueError(f"group {group!r} cannot register at step {step}: {self.uri} has "
-                             f"{self.num_steps} steps; register at a step already readable")
+        self._check_group_step(group, step, "a group registers at")
         b = self.global_batch_size
 
         def build(state: ReplayState, commit_id: str) -> Entry | None:

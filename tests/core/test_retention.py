@@ -126,7 +126,7 @@ def test_registering_past_the_end_is_refused_and_retain_stays_inside(tmp_path) -
     beyond the visible steps, and the retention point never passes the end."""
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
     s.append(rows(0, B))
-    with pytest.raises(ValueError, match="cannot register at step 5"):
+    with pytest.raises(ValueError, match="step 5 of group 'eval' is past the 1 steps visible"):
         s.register_group("eval", 5)
     from lakestream.log import Register
 
