@@ -159,7 +159,8 @@ def _nats_producer(port: int, k: int, start_at: float, duration: float, out: Any
 
 def _lakestream_producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
                          duration: float, out: Any, compression: str) -> None:
-    from lakestream.fragment import encode_fragment
+    from floor import floors
+
     from lakestream.producers import Producer, ProducerOptions
 
     tables = [payload.rollouts(GROUP, GROUP, seed=100 * k + s) for s in range(16)]
@@ -178,24 +179,11 @@ def _lakestream_producer(uri: str, options: dict[str, str] | None, k: int, start
              "bytes": sum(nbytes_of[i % len(tables)] for i in range(done)),
              "arrow_bytes": sum(tables[i % len(tables)].nbytes for i in range(done)),
              "cpu_s": cpu})
-    # The encode floor, in the same process once every producer has reported: the same
-    # tables through pq.write_table with the producer's options, nothing else.
-    floor_cpu0, f = time.process_time(), 0
-    while time.process_time() - floor_cpu0 < FLOOR_CPU_S:
-        encode_fragment(tables[f % len(tables)], GROUP, compression=compression)
-        f += 1
-    floor_gb = sum(tables[i % len(tables)].nbytes for i in range(f)) / 1e9
-    floor = (time.process_time() - floor_cpu0) / floor_gb
-    # And what writing those bodies to the same store costs, alone.
-    store = p.stream.store
-    bodies = [encode_fragment(t, GROUP, compression=compression) for t in tables]
-    put_cpu0, f = time.process_time(), 0
-    while time.process_time() - put_cpu0 < FLOOR_CPU_S:
-        store.put(f"bench-floor/{k}/{f}.parquet", bodies[f % len(tables)], mode="create")
-        f += 1
-    put_gb = sum(tables[i % len(tables)].nbytes for i in range(f)) / 1e9
-    out.put({"floor_cpu_s_per_gb": floor,
-             "put_cpu_s_per_gb": (time.process_time() - put_cpu0) / put_gb})
+    # The encode floor and the put alone, in the same process once every producer has
+    # reported: the same tables with the producer's options, to the same store.
+    alone = floors(tables, GROUP, compression, p.stream.store, f"bench-floor/{k}/",
+                   FLOOR_CPU_S)
+    out.put({"floor_cpu_s_per_gb": alone["encode"], "put_cpu_s_per_gb": alone["put"]})
 
 
 FLOOR_CPU_S = 1.5

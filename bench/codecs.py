@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import numpy as np  # noqa: E402
 import payload  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+from floor import cpu_per_gb  # noqa: E402
 
 from lakestream.fragment import encode_fragment  # noqa: E402
 
@@ -50,16 +50,6 @@ def payloads() -> dict[str, list[pa.Table]]:
     }
 
 
-def _cpu_per_gb(work: Any, tables: list[pa.Table], seconds: float) -> float:
-    """CPU seconds per GB of Arrow data that ``work(i)`` costs, run for ``seconds`` of CPU."""
-    cpu0, n = time.process_time(), 0
-    while time.process_time() - cpu0 < seconds:
-        work(n % len(tables))
-        n += 1
-    return (time.process_time() - cpu0) / (sum(tables[i % len(tables)].nbytes
-                                               for i in range(n)) / 1e9)
-
-
 def measure(tables: list[pa.Table], codec: str, seconds: float) -> dict[str, float]:
     compression, level = CODECS[codec]
 
@@ -69,8 +59,8 @@ def measure(tables: list[pa.Table], codec: str, seconds: float) -> dict[str, flo
     bodies = [encode(i) for i in range(len(tables))]
     return {
         "ratio": sum(t.nbytes for t in tables) / sum(len(b) for b in bodies),
-        "encode_cpu_s_per_gb": _cpu_per_gb(encode, tables, seconds),
-        "decode_cpu_s_per_gb": _cpu_per_gb(
+        "encode_cpu_s_per_gb": cpu_per_gb(encode, tables, seconds),
+        "decode_cpu_s_per_gb": cpu_per_gb(
             lambda i: pq.read_table(pa.BufferReader(bodies[i]), use_threads=False),
             tables, seconds),
     }

@@ -28,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import payload  # noqa: E402
+from floor import floors  # noqa: E402
 from reps import median  # noqa: E402
 
 import lakestream  # noqa: E402
 import lakestream.producers.producer as producer_module  # noqa: E402
-from lakestream.fragment import encode_fragment  # noqa: E402
 from lakestream.producers import Producer, ProducerOptions  # noqa: E402
 from lakestream.producers.committer import Committer  # noqa: E402
 from lakestream.store.local import LocalStore  # noqa: E402
@@ -72,21 +72,9 @@ def _instrument() -> None:
 
 def _alone(tables: list[Any], compression: str, seconds: float) -> dict[str, float]:
     """Encode, then put the encoded bodies to a fresh local store, each alone."""
-    gb = sum(t.nbytes for t in tables) / len(tables) / 1e9
-    cpu0, n = time.process_time(), 0
-    while time.process_time() - cpu0 < seconds:
-        encode_fragment(tables[n % len(tables)], 16, compression=compression)
-        n += 1
-    encode = (time.process_time() - cpu0) / (n * gb)
-    bodies = [encode_fragment(t, 16, compression=compression) for t in tables]
     with tempfile.TemporaryDirectory(dir=RESULTS.parent) as root:
-        store = LocalStore(root)
-        cpu0, n = time.process_time(), 0
-        while time.process_time() - cpu0 < seconds:
-            store.put(f"data/p/{n}.parquet", bodies[n % len(bodies)], mode="create")
-            n += 1
-        put = (time.process_time() - cpu0) / (n * gb)
-    return {"encode alone": encode, "store put alone": put}
+        alone = floors(tables, 16, compression, LocalStore(root), "data/p/", seconds)
+    return {"encode alone": alone["encode"], "store put alone": alone["put"]}
 
 
 def run(compression: str, threads: int, seconds: float) -> dict[str, Any]:
