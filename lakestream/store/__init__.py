@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from lakestream.store.base import ObjectMeta, ObjectStore, PutMode, check_key
 from lakestream.store.local import LocalStore
 
-__all__ = ["ObjectMeta", "ObjectStore", "PutMode", "check_key", "LocalStore", "open_store"]
+__all__ = ["ObjectMeta", "ObjectStore", "PutMode", "check_key", "LocalStore", "open_filesystem",
+           "open_store"]
 
 
 def open_store(uri: str, storage_options: dict[str, str] | None = None) -> ObjectStore:
@@ -27,6 +30,28 @@ def open_store(uri: str, storage_options: dict[str, str] | None = None) -> Objec
     elif "://" in uri:
         raise ValueError(f"unsupported stream URI {uri!r}: use a local path, file:// or s3://")
     return LocalStore(uri, fsync=_local_fsync(uri, storage_options or {}))
+
+
+def open_filesystem(uri: str, storage_options: dict[str, str] | None = None) -> Any:
+    """An fsspec filesystem for a remote ``uri``: for ``s3://`` one with the same options,
+    retries and credentials as the S3 store (obstore's); for any other scheme fsspec's own,
+    given ``storage_options`` as its arguments.
+
+    Raises:
+        ValueError: an option is unknown or invalid, or no fsspec filesystem serves the
+            scheme (its package is not installed).
+    """
+    if uri.startswith("s3://") or uri.startswith("s3a://"):
+        from lakestream.store.s3 import S3Options, s3_filesystem
+
+        return s3_filesystem("s3://" + uri.split("://", 1)[1],
+                             S3Options.from_options(storage_options))
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(uri, **(storage_options or {}))[0]
+    except ImportError as e:
+        raise ValueError(f"no filesystem for {uri}: {e}") from None
 
 
 def _local_fsync(uri: str, options: dict[str, str]) -> bool:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 import obstore
 from obstore.exceptions import (
@@ -141,6 +141,55 @@ def _profile_credentials(config: dict[str, str]) -> tuple[dict[str, str], Any]:
     return config, Boto3CredentialProvider(session)
 
 
+def _client_settings(o: S3Options) -> dict[str, Any]:
+    """obstore's keyword arguments for a store or filesystem with these options."""
+    config, provider = _profile_credentials(dict(o.config))
+    retry: Any = {"max_retries": o.max_retries,
+                  "retry_timeout": timedelta(seconds=o.retry_timeout_s),
+                  "backoff": {"init_backoff": timedelta(seconds=o.backoff_init_s),
+                              "max_backoff": timedelta(seconds=o.backoff_cap_s),
+                              "base": 2}}
+    client: Any = {"connect_timeout": timedelta(seconds=o.connect_timeout_s),
+                   "timeout": timedelta(seconds=o.request_timeout_s)}
+    return {"config": config, "client_options": client, "retry_config": retry,
+            "credential_provider": provider}
+
+
+def _bad_options(uri: str, config: dict[str, str], e: Exception) -> ValueError:
+    if isinstance(e, _ObUnknownKey):
+        named = str(e).split("'")[1] if "'" in str(e) else str(e)
+        key = next((k for k in config if k.lower() == named.lower()), named)
+        return ValueError(f"storage option {key!r} is not an S3 option (deltalake's keys: "
+                          "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                          "AWS_SESSION_TOKEN, AWS_REGION, AWS_ALLOW_HTTP, ...)")
+    return ValueError(f"S3 options for {uri}: {_first_line(e)}")
+
+
+def s3_filesystem(uri: str, options: S3Options | None = None) -> Any:
+    """An fsspec filesystem (obstore's) for ``s3://`` paths with the same options, retries
+    and credentials as ``S3Store``: for libraries that write through fsspec, such as
+    ``torch.distributed.checkpoint``.
+
+    Raises:
+        ValueError: a storage option is unknown (named) or invalid.
+    """
+    from obstore.fsspec import FsspecStore
+
+    class _Filesystem(FsspecStore):
+        # obstore builds a bucket's store from a URL, which takes only ``aws_``-prefixed
+        # keys; built as S3Store builds it, every key S3Store accepts works here too.
+        def _construct_store(self, bucket: str) -> Any:
+            return _ObS3Store(bucket, **settings)
+
+    _claim_runtime(uri)
+    settings = _client_settings(options or S3Options())
+    try:  # checks the options now, not at the first write
+        _ObS3Store(uri[len("s3://"):].partition("/")[0], **settings)
+    except (_ObUnknownKey, _ObError) as e:
+        raise _bad_options(uri, settings["config"], e) from None
+    return _Filesystem("s3", **settings)
+
+
 class S3Store:
     """A bucket prefix as an object store. ``put(mode="create")`` sends ``If-None-Match: *``.
 
@@ -158,27 +207,11 @@ class S3Store:
         self.prefix = prefix.strip("/")
         self.options = options or S3Options()
         _claim_runtime(self.uri)
-        o = self.options
-        config, provider = _profile_credentials(dict(o.config))
-        retry: Any = {"max_retries": o.max_retries,
-                      "retry_timeout": timedelta(seconds=o.retry_timeout_s),
-                      "backoff": {"init_backoff": timedelta(seconds=o.backoff_init_s),
-                                  "max_backoff": timedelta(seconds=o.backoff_cap_s),
-                                  "base": 2}}
+        settings = _client_settings(self.options)
         try:
-            client: Any = {"connect_timeout": timedelta(seconds=o.connect_timeout_s),
-                           "timeout": timedelta(seconds=o.request_timeout_s)}
-            self._store = _ObS3Store(bucket, prefix=self.prefix or None, config=cast(Any, config),
-                                     client_options=client, retry_config=retry,
-                                     credential_provider=provider)
-        except _ObUnknownKey as e:
-            named = str(e).split("'")[1] if "'" in str(e) else str(e)
-            key = next((k for k in config if k.lower() == named.lower()), named)
-            raise ValueError(f"storage option {key!r} is not an S3 option (deltalake's keys: "
-                             "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-                             "AWS_SESSION_TOKEN, AWS_REGION, AWS_ALLOW_HTTP, ...)") from None
-        except _ObError as e:
-            raise ValueError(f"S3 options for {uri}: {_first_line(e)}") from None
+            self._store = _ObS3Store(bucket, prefix=self.prefix or None, **settings)
+        except (_ObUnknownKey, _ObError) as e:
+            raise _bad_options(uri, settings["config"], e) from None
 
     @property
     def uri(self) -> str:
