@@ -19,7 +19,9 @@ from lakestream.log import check_group
 from lakestream.plan import check_world
 from lakestream.stream import Stream
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2 adds the worker fields; a version-1 state (no worker fields) still loads."""
+STATE_KIND = "lakestream.StreamDataset"
 log = logging.getLogger("lakestream")
 
 
@@ -42,8 +44,13 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
 
     With ``DataLoader(ds, batch_size=None, num_workers=n)`` the steps are dealt to workers
     round-robin, so the loader yields them in order. The dataset tracks the steps it yields
-    when it iterates in this process; with workers, iterate through ``StreamLoader`` (or call
-    ``record_step``) so that ``state_dict()`` knows what was consumed.
+    when it iterates in this process. With workers, each worker's copy tracks its own
+    position, which torchdata's ``StatefulDataLoader`` saves and restores per worker (exact
+    with prefetching; another world size is fine, another ``num_workers`` is refused by
+    torchdata); or iterate through ``StreamLoader``, which notes each step in the trainer
+    process, so that this dataset's own ``state_dict()`` knows what was consumed and rank 0
+    publishes progress (for producers' ``max_lag_steps``). Under a loader that does neither,
+    call ``record_step(batch["step"])``.
 
     A dataset with a consumer ``group`` joins it: rank 0 registers the group at its first
     step (once; the group then holds retention from there until its own checkpoint markers
@@ -101,6 +108,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self._publisher: ProgressPublisher | None = None
         self._progress: JobProgress | None = None
         self.last_reader: StepReader | None = None
+        self._worker_next: int | None = None
+        """In a DataLoader worker, the next step this worker reads (set by iterating it or by
+        loading its state); None: ``start_step`` plus the worker's index."""
         stream = self.stream
         check_world(stream.global_batch_size, stream.group_size, self.world_size)
         self.step_key = step_key
@@ -140,7 +150,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         if self.group is not None and self.rank == 0 and worker == 0 \
                 and self.group not in self.stream.groups:
             self._register()
-        steps = worker_steps(self.start_step, self.max_steps, worker, workers)
+        first = self._worker_next if not in_process and self._worker_next is not None \
+            else self.start_step + worker
+        steps = worker_steps(first - worker, self.max_steps, worker, workers)
         try:
             for step, table in reader.read(steps):
                 item = self.collate(table) if callable(self.collate) else collate_table(
@@ -149,6 +161,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                     item[self.step_key] = step
                 if in_process:
                     self.record_step(step)
+                else:  # this worker's copy: what a StatefulDataLoader saves per worker
+                    self.start_step, self._worker_next = step + 1, step + workers
                 yield item
         finally:
             if in_process:
@@ -209,12 +223,20 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             self._job_progress()(self.start_step, self.policy_version)
 
     def state_dict(self) -> dict[str, Any]:
-        """The resume point: the next step to read (torchdata/DCP ``Stateful``)."""
-        return {"version": STATE_VERSION, "next_step": self.start_step, "group": self.group,
-                "global_batch_size": self.stream.global_batch_size}
+        """The resume point: the next step to read (torchdata/DCP ``Stateful``). In a
+        DataLoader worker it also holds the worker's own next step."""
+        state = {"kind": STATE_KIND, "version": STATE_VERSION, "next_step": self.start_step,
+                 "group": self.group, "global_batch_size": self.stream.global_batch_size}
+        info = get_worker_info()
+        if info is not None:
+            state.update(worker=info.id, num_workers=info.num_workers,
+                         worker_next_step=self._worker_next if self._worker_next is not None
+                         else self.start_step + info.id)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resumes at the saved step; the world size may differ from the saving run's.
+        """Resumes at the saved step; the world size may differ from the saving run's. A
+        worker's state loaded into the same worker resumes that worker where it stopped.
 
         Raises:
             LakestreamError: the state belongs to a stream with another global batch size.
@@ -226,6 +248,10 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 f"{self.stream.global_batch_size}: it belongs to another stream"
             )
         self.start_step = int(state["next_step"])
+        info = get_worker_info()
+        same_worker = info is not None and "worker_next_step" in state \
+            and (state.get("worker"), state.get("num_workers")) == (info.id, info.num_workers)
+        self._worker_next = int(state["worker_next_step"]) if same_worker else None
 
     def commit_checkpoint(self, step: int | None = None,
                           checkpoint_id: str | None = None) -> int | None:
@@ -253,9 +279,36 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         return version
 
 
+def consumed_step(state: Any, default: int) -> int:
+    """The step a loader's state resumes at: the furthest ``next_step`` of the
+    ``StreamDataset`` states inside it (a ``StatefulDataLoader`` holds one per worker, each
+    as of the last batch it handed out; steps are consumed in order, so the furthest is
+    the resume point), or ``default`` if it holds none (a loader not started yet)."""
+    found: list[int] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("kind") == STATE_KIND:
+                found.append(int(node["next_step"]))
+                return
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(state)
+    return max(found, default=default)
+
+
 class StreamLoader:
-    """A DataLoader over a StreamDataset that records the steps it yields, so that
-    ``state_dict()`` is right with ``num_workers > 0``. Accepts DataLoader's arguments."""
+    """A DataLoader over a StreamDataset that notes each step it yields in the trainer
+    process. What that adds over ``DataLoader`` or torchdata's ``StatefulDataLoader``, which
+    never run the dataset's code in the trainer process when ``num_workers > 0``: rank 0
+    publishes the group's progress as steps are consumed, with the trainer's
+    ``policy_version`` (what producers' ``max_lag_steps`` reads), and the dataset's own
+    ``state_dict()`` is the resume point. Workers start with ``spawn`` (the S3 client cannot
+    run after fork). Accepts DataLoader's arguments."""
 
     def __init__(self, dataset: StreamDataset, num_workers: int = 0, **kwargs: Any) -> None:
         self.dataset = dataset

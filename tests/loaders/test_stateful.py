@@ -1,0 +1,75 @@
+"""torchdata's StatefulDataLoader over a StreamDataset: save after k steps with prefetching
+workers, rebuild, load, and the remaining steps are those of an uninterrupted run, also with
+another world size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import lakestream
+from lakestream.loaders import StreamDataset
+from tests.helpers import SCHEMA, ids, rows
+
+B, STEPS, WORKERS = 8, 9, 2
+
+
+def _stream(uri: str) -> lakestream.Stream:
+    s = lakestream.create(uri, SCHEMA, global_batch_size=B, group_size=2)
+    for k in range(STEPS * 2):
+        s.append(rows(4 * k, 4))
+    return s
+
+
+def _loader(uri: str, rank: int, world: int) -> StatefulDataLoader:
+    ds = StreamDataset(uri, rank=rank, world_size=world, max_steps=STEPS, prefetch=1,
+                       read_threads=1)
+    return StatefulDataLoader(ds, batch_size=None, num_workers=WORKERS,
+                              multiprocessing_context="spawn", prefetch_factor=2)
+
+
+def _take(it: Any, n: int | None = None) -> list[tuple[int, list[int]]]:
+    got = []
+    for batch in it:
+        got.append((int(batch["step"]), [int(x) for x in batch["id"]]))
+        if n is not None and len(got) == n:
+            break
+    return got
+
+
+def _expected(s: lakestream.Stream, rank: int, world: int, start: int) -> list[Any]:
+    return [(k, ids(s.read_step(k, rank, world))) for k in range(start, STEPS)]
+
+
+# k = 3 and 4: the next step is the second worker's, then the first's.
+@pytest.mark.parametrize("before, after, k", [(1, 1, 3), (2, 2, 4), (2, 1, 3)])
+def test_resume_equals_the_uninterrupted_run(tmp_path, before: int, after: int,
+                                              k: int) -> None:
+    s = _stream(str(tmp_path / "s"))
+    states = []
+    for rank in range(before):
+        loader = _loader(s.uri, rank, before)
+        it = iter(loader)
+        assert _take(it, k) == _expected(s, rank, before, 0)[:k]
+        states.append(loader.state_dict())
+        # The same loader, uninterrupted: the rest of the run.
+        assert _take(it) == _expected(s, rank, before, k)
+    for rank in range(after):
+        resumed = _loader(s.uri, rank, after)
+        # Every rank of a run saved the same steps; a new world takes any rank's state.
+        resumed.load_state_dict(states[rank % before])
+        assert _take(resumed) == _expected(s, rank, after, k)
+
+
+def test_a_state_taken_before_the_workers_yield_resumes_at_the_start(tmp_path) -> None:
+    s = _stream(str(tmp_path / "s"))
+    loader = _loader(s.uri, 0, 1)
+    it = iter(loader)
+    state = loader.state_dict()
+    del it
+    resumed = _loader(s.uri, 0, 1)
+    resumed.load_state_dict(state)
+    assert _take(resumed) == _expected(s, 0, 1, 0)
+
