@@ -46,3 +46,8 @@ class StepNotAvailableError(LakestreamError):
 
 class CorruptLogError(LakestreamError):
     """A log entry, snapshot or fragment cannot be parsed or fails verification."""
+
+
+class IncompleteCheckpointError(LakestreamError):
+    """A training checkpoint is not whole: no readable ``.metadata``, or a file it names is
+    missing or short. No marker names such a checkpoint; resume from an earlier one."""

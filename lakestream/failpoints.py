@@ -8,9 +8,13 @@ import signal
 import threading
 
 NAMES = ("before_upload", "after_upload", "before_commit", "after_put", "after_commit",
-         "during_snapshot", "during_gc")
+         "during_snapshot", "during_gc", "before_checkpoint_metadata")
 """``after_put``: the entry's put returned, before the commit is taken as landed;
-``after_commit``: landed and folded in, before post-commit work."""
+``after_commit``: landed and folded in, before post-commit work;
+``before_checkpoint_metadata``: every shard of a training checkpoint written, its
+``.metadata`` not yet."""
+PRODUCER_NAMES = NAMES[:6]
+"""The points a producer passes (gc's and the trainer's checkpoint are elsewhere)."""
 _hits: dict[str, int] = {}
 _lock = threading.Lock()
 

@@ -1,16 +1,17 @@
 """torchdata's StatefulDataLoader over a StreamDataset: save after k steps with prefetching
 workers, rebuild, load, and the remaining steps are those of an uninterrupted run, also with
-another world size."""
+another world size; save_checkpoint takes the loader and marks the step it resumes at."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lakestream
-from lakestream.loaders import StreamDataset
+from lakestream.loaders import StreamDataset, load_checkpoint, save_checkpoint
 from tests.helpers import SCHEMA, ids, rows
 
 B, STEPS, WORKERS = 8, 9, 2
@@ -73,3 +74,18 @@ def test_a_state_taken_before_the_workers_yield_resumes_at_the_start(tmp_path) -
     resumed.load_state_dict(state)
     assert _take(resumed) == _expected(s, 0, 1, 0)
 
+
+def test_save_checkpoint_takes_the_loader_and_marks_where_it_resumes(tmp_path) -> None:
+    s = _stream(str(tmp_path / "s"))
+    loader = _loader(s.uri, 0, 1)
+    it = iter(loader)
+    _take(it, 5)  # the workers have prefetched beyond step 4
+    ckpt = str(tmp_path / "ckpt")
+    save_checkpoint({"model": torch.arange(4.0)}, ckpt, loader)
+    assert [(m.step, m.checkpoint_id) for m in lakestream.open(s.uri).checkpoints("train")] \
+        == [(5, ckpt)]
+    del it
+    resumed, state = _loader(s.uri, 0, 1), {"model": torch.zeros(4)}
+    load_checkpoint(state, ckpt, resumed)
+    assert state["model"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert _take(resumed) == _expected(s, 0, 1, 5)

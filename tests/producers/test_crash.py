@@ -15,7 +15,7 @@ import pytest
 
 import lakestream
 from lakestream.errors import NotFoundError
-from lakestream.failpoints import NAMES
+from lakestream.failpoints import PRODUCER_NAMES
 from lakestream.log import Append, log_key
 from lakestream.tail import read_entry
 from tests.conftest import seeds
@@ -56,7 +56,7 @@ def _gapless(uri: str, options: dict[str, str] | None) -> int:
 
 
 @pytest.mark.parametrize("seed", seeds(1, 20))
-@pytest.mark.parametrize("point", [n for n in NAMES if n != "during_gc"])
+@pytest.mark.parametrize("point", PRODUCER_NAMES)
 def test_killed_at_every_failpoint_then_restarted(backend, point: str, seed: int,
                                                   tally: Counter[str]) -> None:
     uri = backend.uri()

@@ -1,0 +1,184 @@
+"""Training checkpoints beside the stream: DCP on S3 with the stream's options, trainers
+killed and resumed with another world size, and no marker for a checkpoint that is not
+whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import lakestream
+from lakestream.errors import IncompleteCheckpointError
+from lakestream.loaders import StreamDataset, load_checkpoint, save_checkpoint
+from lakestream.loaders import checkpoint as checkpoint_module
+from lakestream.store import open_filesystem
+from tests.helpers import SCHEMA, ids, rows
+
+ROOT = Path(__file__).resolve().parents[2]
+B, STEPS = 8, 8
+
+
+def _stream(uri: str, options: dict[str, str] | None) -> lakestream.Stream:
+    s = lakestream.create(uri, SCHEMA, global_batch_size=B, group_size=2,
+                          storage_options=options)
+    for k in range(STEPS * 2):
+        s.append(rows(4 * k, 4))
+    return s
+
+
+def _start(tmp_path: Path, name: str, env: dict[str, str] | None = None,
+           **spec: Any) -> subprocess.Popen[str]:
+    spec.setdefault("out", str(tmp_path / f"{name}.jsonl"))
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LAKESTREAM_FAILPOINT")}
+    return subprocess.Popen([sys.executable, "-m", "tests.loaders.ckpt_worker",
+                             json.dumps(spec)], cwd=ROOT, env={**base, **(env or {})},
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
+        else []
+
+
+def _steps(events: list[dict[str, Any]]) -> dict[int, list[int]]:
+    return {e["step"]: e["ids"] for e in events if "step" in e}
+
+
+def _markers(uri: str, options: dict[str, str] | None) -> list[tuple[int, str]]:
+    return [(m.step, m.checkpoint_id)
+            for m in lakestream.open(uri, storage_options=options).checkpoints("train")]
+
+
+def test_a_checkpoint_on_s3_loads_what_was_saved(s3_options, tmp_path) -> None:
+    """With the stream's own options (none given). Several tensors, so that torch.save
+    writes from buffers it reuses: a writer that kept references to them (obstore's does)
+    would store garbage of the right size."""
+    from tests.s3server import BUCKET
+
+    uri = f"s3://{BUCKET}/ckpt-roundtrip-{time.time_ns()}"
+    s = _stream(f"{uri}/stream", s3_options)
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=2, storage_options=s3_options)
+    assert [b["step"] for b in ds] == [0, 1]
+    saved = {"w": torch.randn(64, 33), "b": torch.arange(1000.0), "n": torch.tensor(7)}
+    save_checkpoint({"model": dict(saved)}, f"{uri}/ckpt/a", ds)
+    assert _markers(s.uri, s3_options) == [(2, f"{uri}/ckpt/a")]
+    state = {"model": {k: torch.zeros_like(v) for k, v in saved.items()}}
+    fresh = StreamDataset(s.uri, rank=0, world_size=1, storage_options=s3_options)
+    load_checkpoint(state, f"{uri}/ckpt/a", fresh)
+    assert all(torch.equal(state["model"][k], v) for k, v in saved.items())
+    assert fresh.start_step == 2
+
+
+def test_two_gloo_ranks_checkpoint_to_s3_are_killed_and_resume_with_one(
+        s3_options, tmp_path) -> None:
+    from tests.s3server import BUCKET
+
+    root = f"s3://{BUCKET}/ckpt-ranks-{time.time_ns()}"
+    s = _stream(f"{root}/stream", s3_options)
+    common = {"uri": s.uri, "options": s3_options, "ckpt": f"{root}/ckpt", "steps": 6,
+              "save_after": [2, 4], "hang": True, "world": 2, "init": str(tmp_path / "init")}
+    procs = [_start(tmp_path, f"rank{r}", rank=r, **common) for r in range(2)]
+    outs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
+    try:
+        deadline = time.monotonic() + 240
+        while not all(any(e.get("done") for e in _events(o)) for o in outs):
+            dead = [p for p in procs if p.poll() is not None]
+            assert not dead, [p.communicate()[1] for p in dead]
+            assert time.monotonic() < deadline, "the trainer did not reach step 6"
+            time.sleep(0.2)
+    finally:
+        for p in procs:  # killed, not stopped: nothing after the last save is flushed
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+            p.communicate(timeout=60)
+    assert _markers(s.uri, s3_options) == [(2, f"{root}/ckpt/step-2"), (4, f"{root}/ckpt/step-4")]
+    before = [_steps(_events(o)) for o in outs]
+    resumed = _start(tmp_path, "resumed", uri=s.uri, options=s3_options, rank=0, world=1,
+                     steps=STEPS, resume=True)
+    _, err = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, err
+    events = _events(tmp_path / "resumed.jsonl")
+    assert events[0] == {"loaded": f"{root}/ckpt/step-4", "model": [0.0, 4.0, 8.0],
+                         "next_step": 4}
+    after = _steps(events)
+    assert sorted(after) == list(range(4, STEPS))
+    # The steps read after the last checkpoint are read again, the same samples.
+    for step in (4, 5):
+        assert after[step] == before[0][step] + before[1][step]
+    whole = [before[0][k] + before[1][k] for k in range(4)] + [after[k] for k in range(4, 8)]
+    assert whole == [ids(s.read_step(k)) for k in range(STEPS)]
+    assert sum(whole, []) == list(range(B * STEPS))
+
+
+def test_a_save_killed_before_its_metadata_commits_no_marker(backend, tmp_path) -> None:
+    s = _stream(backend.uri("stream"), backend.options)
+    ckpt = backend.uri("ckpt")
+    killed = _start(tmp_path, "killed", env={"LAKESTREAM_FAILPOINT":
+                                             "before_checkpoint_metadata@2"},
+                    uri=s.uri, options=backend.options, rank=0, world=1, steps=STEPS,
+                    ckpt=ckpt, save_after=[2, 3])
+    _, err = killed.communicate(timeout=240)
+    assert killed.returncode == -signal.SIGKILL, err
+    assert [e for e in _events(tmp_path / "killed.jsonl") if "saved" in e] == \
+        [{"saved": f"{ckpt}/step-2"}]
+    assert _markers(s.uri, backend.options) == [(2, f"{ckpt}/step-2")]
+    # Midway: the shard of the second save is there, its .metadata is not.
+    if backend.options is None:
+        assert sorted(os.listdir(f"{ckpt}/step-3")) == ["__0_0.distcp"]
+    else:
+        fs = open_filesystem(ckpt, backend.options)
+        assert [p.rsplit("/", 1)[1] for p in fs.ls(f"{ckpt}/step-3")] == ["__0_0.distcp"]
+    fresh = StreamDataset(s.uri, rank=0, world_size=1, storage_options=backend.options)
+    with pytest.raises(IncompleteCheckpointError, match="step-3 has no .metadata"):
+        load_checkpoint({"model": torch.zeros(1000)}, f"{ckpt}/step-3", fresh)
+    assert fresh.start_step == 0  # nothing was loaded
+    resumed = _start(tmp_path, "resumed", uri=s.uri, options=backend.options, rank=0,
+                     world=1, steps=STEPS, resume=True)
+    _, err = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, err
+    events = _events(tmp_path / "resumed.jsonl")
+    assert events[0]["loaded"] == f"{ckpt}/step-2" and events[0]["next_step"] == 2
+    assert _steps(events) == {k: ids(s.read_step(k)) for k in range(2, STEPS)}
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("drop", r"__0_0.distcp is missing"),
+    ("truncate", r"__0_0.distcp is \d+ bytes, \d+ needed"),
+    ("garble", r".metadata cannot be read"),
+])
+def test_a_checkpoint_its_writer_left_broken_is_refused_and_not_marked(
+        tmp_path, monkeypatch, damage: str, message: str) -> None:
+    """A writer that returns as if all were saved while a file is missing or short (the
+    silent drops remote DCP writers have had) gets no marker, on any rank."""
+    s = _stream(str(tmp_path / "s"), None)
+    ckpt = tmp_path / "ckpt"
+    finish = checkpoint_module._Writer.finish
+
+    def damaging(self: Any, *args: Any, **kwargs: Any) -> None:
+        finish(self, *args, **kwargs)
+        shard, meta = ckpt / "__0_0.distcp", ckpt / ".metadata"
+        if damage == "drop":
+            shard.unlink()
+        elif damage == "truncate":
+            shard.write_bytes(shard.read_bytes()[:-10])
+        else:
+            meta.write_bytes(b"\x80\x04not a pickle")
+
+    monkeypatch.setattr(checkpoint_module._Writer, "finish", damaging)
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=1)
+    assert [b["step"] for b in ds] == [0]
+    with pytest.raises(IncompleteCheckpointError, match=message):
+        save_checkpoint({"model": torch.arange(1000.0)}, str(ckpt), ds)
+    assert _markers(s.uri, None) == []
+    with pytest.raises(IncompleteCheckpointError, match=message):
+        load_checkpoint({"model": torch.zeros(1000)}, str(ckpt), ds)
