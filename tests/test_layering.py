@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANKS = {
     "errors": 0, "failpoints": 0, "threads": 0,
     "store": 1, "schema": 1,
-    "log": 2, "plan": 2,
+    "log": 2, "plan": 2, "mix": 2,
     "index": 3, "progress": 3,
     "replay": 4, "fragment": 4,
     "tail": 5, "inventory": 5,

@@ -1,0 +1,270 @@
+"""Planning what every rank reads at every step when steps mix several sources, shuffle
+them and repeat them: pure functions of the sources' sizes, the step and the world.
+
+A plan has sources i = 0..n-1, each giving ``take`` samples (k_i) to every step, so a step
+holds B = sum(k_i) samples. Step t takes, from source i, the positions
+``start_i + (t - base_step) * k_i + j`` for j < k_i of that source's sample sequence, which
+is its log order, possibly shuffled and repeated:
+
+- ``cycle``: a sealed source wraps around: position q is sample ``q mod N`` of source epoch
+  ``q div N`` (N: its sealed size). Up-sampling.
+- ``epochs=n`` (every non-cycling source sealed): the whole mix runs n times; an epoch lasts
+  as many steps as the shortest non-cycling source allows, and each re-reads its sources from
+  the start.
+- ``shuffle_window=w``: each window of ``w * k_i`` consecutive positions of source i is
+  permuted by a seeded permutation of its groups (G_i samples stay together). When the
+  source's size is known for the whole plan (``epochs`` or ``cycle``), each source epoch also
+  takes its windows in a fresh seeded order. Live sources keep windows in log order: a window
+  is readable once every sample in it is committed.
+
+Rank r of W reads the r-th share of each source's k_i slots, so every rank sees the same
+proportions (W must divide k_i, and k_i / W must hold whole groups). Nothing here reads a
+store: every rank and every restart derives the same rows from the same inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element-wise on uint64 (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _seed(*parts: int) -> int:
+    h = _GOLDEN
+    for p in parts:
+        h = int(_mix(np.array([(h ^ (p & _MASK)) + _GOLDEN & _MASK], np.uint64))[0])
+    return h
+
+
+def permutation(n: int, *key: int) -> np.ndarray:
+    """A permutation of ``range(n)`` determined by ``key`` alone: the same on every machine
+    and numpy version (it sorts a fixed hash of each index)."""
+    base = np.uint64(_seed(*key))
+    return np.argsort(_mix(np.arange(n, dtype=np.uint64) + base), kind="stable")
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """What the planner knows of one source."""
+
+    take: int
+    """Samples per step (k)."""
+    group_size: int = 1
+    cycle: bool = False
+    sealed: int | None = None
+    """The source's size in samples once sealed; None while appends may still come."""
+    start: int = 0
+    """The position this source reads at ``base_step`` (its cursor when the mix began)."""
+
+
+class MixPlan:
+    """The rows of every step of a mix (see the module docstring).
+
+    Raises (construction):
+        ValueError: an argument is out of range, or ``cycle``/``epochs`` is asked of a source
+            that is not sealed.
+    """
+
+    def __init__(self, sources: Sequence[SourcePlan], *, shuffle_window: int | None = None,
+                 seed: int = 0, epochs: int | None = None, base_step: int = 0) -> None:
+        if not sources:
+            raise ValueError("a mix needs at least one source")
+        for i, s in enumerate(sources):
+            if not isinstance(s.take, int) or s.take < 1 or s.take % s.group_size:
+                raise ValueError(f"source {i}: take={s.take!r} must be a positive multiple of "
+                                 f"its group size {s.group_size}")
+            if s.cycle and not s.sealed:
+                raise ValueError(f"source {i}: cycle needs a sealed, non-empty source "
+                                 "(Stream.seal() it first)")
+            if s.start < 0:
+                raise ValueError(f"source {i}: start must be >= 0, got {s.start}")
+        if shuffle_window is not None and (not isinstance(shuffle_window, int)
+                                           or shuffle_window < 1):
+            raise ValueError(f"shuffle_window must be a positive int or None, got "
+                             f"{shuffle_window!r}")
+        if epochs is not None:
+            if not isinstance(epochs, int) or epochs < 1:
+                raise ValueError(f"epochs must be a positive int or None, got {epochs!r}")
+            linear = [i for i, s in enumerate(sources) if not s.cycle]
+            if not linear:
+                raise ValueError("epochs needs a source that does not cycle: its size sets "
+                                 "the epoch's length")
+            live = [i for i in linear if sources[i].sealed is None]
+            if live:
+                raise ValueError(f"epochs needs sealed sources; source(s) {live} may still "
+                                 "grow (Stream.seal() them first)")
+            if base_step or any(s.start for s in sources):
+                raise ValueError("a mix with epochs starts every source at 0")
+        self.sources = tuple(sources)
+        self.shuffle_window, self.seed, self.epochs = shuffle_window, seed, epochs
+        self.base_step = base_step
+        self.global_batch_size = sum(s.take for s in sources)
+        self.steps_per_epoch: int | None = None
+        if epochs is not None:
+            self.steps_per_epoch = min((s.sealed or 0) // s.take for s in sources
+                                       if not s.cycle)
+        self._orders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    # -- sizes ------------------------------------------------------------------------
+
+    @property
+    def num_steps(self) -> int | None:
+        """Steps in the whole mix, or None while it has no end (a live, non-cycling source).
+        It ends when a sealed, non-cycling source runs out."""
+        if self.epochs is not None:
+            assert self.steps_per_epoch is not None
+            return self.epochs * self.steps_per_epoch
+        ends = [self.base_step + max(0, s.sealed - s.start) // s.take
+                for s in self.sources if not s.cycle and s.sealed is not None]
+        return min(ends) if ends else None
+
+    def check_world(self, world_size: int) -> None:
+        """Raises ValueError unless every rank can take whole groups of every source."""
+        for i, s in enumerate(self.sources):
+            if s.take % world_size or (s.take // world_size) % s.group_size:
+                raise ValueError(
+                    f"world_size {world_size} does not split source {i}'s {s.take} samples "
+                    f"per step into whole groups of {s.group_size}: each source's take must "
+                    "be a multiple of world_size x its group size")
+
+    def with_sealed(self, sealed: Sequence[int | None]) -> MixPlan:
+        """The same plan with the sources' current sealed sizes (a source sealed since)."""
+        if all(s.sealed == n for s, n in zip(self.sources, sealed, strict=True)):
+            return self
+        return MixPlan([replace(s, sealed=n) for s, n in zip(self.sources, sealed,
+                                                                strict=True)],
+                       shuffle_window=self.shuffle_window, seed=self.seed,
+                       epochs=self.epochs, base_step=self.base_step)
+
+    # -- positions --------------------------------------------------------------------
+
+    def position(self, i: int, step: int) -> int:
+        """The first position source ``i`` reads at ``step`` (its cursor there), counted
+        over all its epochs."""
+        s = self.sources[i]
+        if self.epochs is not None and not s.cycle:
+            assert self.steps_per_epoch is not None
+            _, within = divmod(step, max(self.steps_per_epoch, 1))
+            return within * s.take
+        return s.start + (step - self.base_step) * s.take
+
+    def _epoch_positions(self, i: int, step: int, slots: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """(source epoch, position within it) of each slot of ``step``."""
+        s = self.sources[i]
+        q = self.position(i, step) + slots
+        if s.cycle:
+            assert s.sealed
+            return q // s.sealed, q % s.sealed
+        epoch = 0
+        if self.epochs is not None:
+            assert self.steps_per_epoch is not None
+            epoch = step // max(self.steps_per_epoch, 1)
+        return np.full_like(q, epoch), q
+
+    def _windows(self, i: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source ``i``'s windows in the order epoch ``epoch`` takes them, and where each
+        starts in that order (a last, shorter window included)."""
+        key = (i, epoch)
+        if key not in self._orders:
+            s, size = self.sources[i], self._window(i)
+            assert s.sealed is not None
+            count = -(-s.sealed // size)
+            order = permutation(count, self.seed, i, epoch, 0)
+            sizes = np.where(order == count - 1, s.sealed - (count - 1) * size, size)
+            self._orders[key] = order, np.concatenate([[0], np.cumsum(sizes)])
+        return self._orders[key]
+
+    def _window(self, i: int) -> int:
+        assert self.shuffle_window is not None
+        return self.shuffle_window * self.sources[i].take
+
+    def _permutes_windows(self, i: int) -> bool:
+        return self.epochs is not None or self.sources[i].cycle
+
+    def _offsets(self, i: int, step: int, slots: np.ndarray) -> tuple[np.ndarray, int]:
+        """The source offsets of ``slots`` of ``step``, and the offset the step needs
+        committed (the end of the windows it reads)."""
+        s = self.sources[i]
+        epochs, pos = self._epoch_positions(i, step, slots)
+        if self.shuffle_window is None:
+            return pos, int(pos.max()) + 1
+        size, g = self._window(i), s.group_size
+        out = np.empty_like(pos)
+        needed = 0
+        for epoch in np.unique(epochs):
+            mask = epochs == epoch
+            p = pos[mask]
+            if self._permutes_windows(i):
+                order, starts = self._windows(i, int(epoch))
+                at = np.searchsorted(starts, p, side="right") - 1
+                wid, within = order[at], p - starts[at]
+                base = 0
+            else:
+                base = s.start if self.epochs is None else 0
+                wid, within = (p - base) // size, (p - base) % size
+            got = np.empty_like(p)
+            for w in np.unique(wid):
+                first = base + int(w) * size
+                length = size if s.sealed is None else min(size, s.sealed - first)
+                sigma = permutation(length // g, self.seed, i, int(epoch), int(w) + 1)
+                sel = wid == w
+                u = within[sel]
+                got[sel] = first + sigma[u // g] * g + u % g
+                needed = max(needed, first + length)
+            out[mask] = got
+        return out, needed
+
+    # -- what a step reads --------------------------------------------------------------
+
+    def rank_spans(self, step: int, rank: int, world_size: int) -> list[list[tuple[int, int]]]:
+        """For each source, the offset ranges ``[lo, hi)`` rank ``rank`` of ``world_size``
+        reads at ``step``, in the order its samples come in the step."""
+        out = []
+        for i, s in enumerate(self.sources):
+            share = s.take // world_size
+            offsets, _ = self._offsets(i, step, np.arange(rank * share, (rank + 1) * share))
+            out.append(_runs(offsets))
+        return out
+
+    def needed(self, step: int) -> list[int]:
+        """For each source, the samples that must be committed for ``step`` to be readable
+        (by every rank at once)."""
+        return [self._offsets(i, step, np.arange(s.take))[1]
+                for i, s in enumerate(self.sources)]
+
+    def hold_from(self, step: int) -> list[int]:
+        """For each source, the lowest offset that a run resuming at ``step`` may read: what
+        its checkpoint marker must keep from retention."""
+        out = []
+        for i, s in enumerate(self.sources):
+            if self._permutes_windows(i):
+                out.append(0)  # a later epoch reads the source again from the start
+            elif self.shuffle_window is not None:
+                size = self._window(i)
+                p = self.position(i, step)
+                out.append(s.start + (p - s.start) // size * size)
+            else:
+                out.append(self.position(i, step))
+        return out
+
+
+def _runs(offsets: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive offsets merged into ``[lo, hi)`` ranges, in order."""
+    if offsets.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [offsets.size]])
+    return [(int(offsets[a]), int(offsets[b - 1]) + 1) for a, b in zip(starts, ends, strict=True)]
