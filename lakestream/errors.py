@@ -40,6 +40,10 @@ class SchemaMismatchError(LakestreamError, ValueError):
     """Data written does not match the stream's schema."""
 
 
+class StreamSealedError(LakestreamError):
+    """The stream is sealed (``Stream.seal``): it takes no more appends."""
+
+
 class StepNotAvailableError(LakestreamError):
     """A step is not visible yet (or no longer: it was reclaimed)."""
 

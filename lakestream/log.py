@@ -25,6 +25,9 @@ FORMAT_VERSION = 1
 GROUP_ENTRY_FORMAT = 2
 """The format of ``register`` and ``remove_group`` entries: a lakestream from before them
 reads format 1 only, so it stops at one with "upgrade lakestream", not "corrupt"."""
+SEAL_ENTRY_FORMAT = 3
+"""The format of ``seal`` entries, for the same reason: an older reader would take appends
+after the seal as valid."""
 LOG_DIR = "_delta_log/"
 DATA_DIR = "data/"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -251,13 +254,20 @@ class RemoveGroup:
 
 
 @dataclass(frozen=True)
+class Seal:
+    """No more appends: every append after this entry is void."""
+
+    commit_id: str = field(default_factory=new_commit_id)
+
+
+@dataclass(frozen=True)
 class Reclaim:
     below_offset: int
     removed: tuple[FragmentRef, ...]
     commit_id: str = field(default_factory=new_commit_id)
 
 
-Entry = Create | Append | Fence | Checkpoint | Register | RemoveGroup | Reclaim
+Entry = Create | Append | Fence | Checkpoint | Register | RemoveGroup | Seal | Reclaim
 
 
 def _add(f: FragmentRef, now_ms: int) -> dict[str, Any]:
@@ -361,7 +371,8 @@ def encode_entry(entry: Entry) -> bytes:
         ValueError: an append's ``state`` holds NaN or Infinity (not JSON).
     """
     now = int(time.time() * 1000)
-    fmt = GROUP_ENTRY_FORMAT if isinstance(entry, Register | RemoveGroup) else FORMAT_VERSION
+    fmt = GROUP_ENTRY_FORMAT if isinstance(entry, Register | RemoveGroup) \
+        else SEAL_ENTRY_FORMAT if isinstance(entry, Seal) else FORMAT_VERSION
     info: dict[str, Any] = {"format": fmt, "commit_id": entry.commit_id}
     actions: list[dict[str, Any]] = []
     operation, params = "WRITE", {"mode": "Append"}
@@ -390,6 +401,9 @@ def encode_entry(entry: Entry) -> bytes:
         operation, params = "SET TBLPROPERTIES", {}
     elif isinstance(entry, RemoveGroup):
         info.update(op="remove_group", group=entry.group)
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, Seal):
+        info["op"] = "seal"
         operation, params = "SET TBLPROPERTIES", {}
     elif isinstance(entry, Reclaim):
         info.update(op="reclaim", below_offset=entry.below_offset)
@@ -476,10 +490,10 @@ def decode_entry(version: int, data: bytes) -> Entry:
             raise ValueError(f"checksum {stored!r} does not match the content "
                              f"({entry_checksum(actions)}): the entry is damaged")
         fmt = info.get("format")
-        if fmt not in (FORMAT_VERSION, GROUP_ENTRY_FORMAT):
+        if fmt not in (FORMAT_VERSION, GROUP_ENTRY_FORMAT, SEAL_ENTRY_FORMAT):
             raise CorruptLogError(
                 f"log version {version} has format version {fmt!r}; this lakestream reads "
-                f"{FORMAT_VERSION}-{GROUP_ENTRY_FORMAT}: upgrade lakestream or check the writer"
+                f"{FORMAT_VERSION}-{SEAL_ENTRY_FORMAT}: upgrade lakestream or check the writer"
             )
         op, cid = info["op"], str(info["commit_id"])
         if op == "create":
@@ -506,6 +520,8 @@ def decode_entry(version: int, data: bytes) -> Entry:
             return Register(check_group(info["group"]), int(info["step"]), cid)
         if op == "remove_group":
             return RemoveGroup(check_group(info["group"]), cid)
+        if op == "seal":
+            return Seal(cid)
         if op == "reclaim":
             removed = tuple(_fragment(a, version) for a in by_kind.get("remove", []))
             return Reclaim(int(info["below_offset"]), removed, cid)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from lakestream.errors import CorruptLogError
+from lakestream.errors import CorruptLogError, StreamSealedError
 from lakestream.index import Fragment, FragmentIndex, Removal
 from lakestream.log import (
     Append,
@@ -19,6 +19,7 @@ from lakestream.log import (
     Reclaim,
     Register,
     RemoveGroup,
+    Seal,
     StreamMeta,
 )
 
@@ -58,6 +59,8 @@ class ReplayState:
         """Versions of reclaim entries (gc keeps their files for the grace period)."""
         self.voided: list[tuple[int, tuple[FragmentRef, ...]]] = []
         """Void appends (fenced zombies, duplicates) and their files, for maintenance."""
+        self.sealed_at: int | None = None
+        """The stream's size in samples when it was sealed; None while it takes appends."""
 
     def copy(self) -> ReplayState:
         other = copy.copy(self)
@@ -85,7 +88,10 @@ class ReplayState:
         return sorted(set(self.markers) | set(self.registered))
 
     def is_void(self, entry: Append) -> bool:
-        """Whether an append would be void on top of this state (fenced or duplicate)."""
+        """Whether an append would be void on top of this state (after a seal, fenced or
+        duplicate)."""
+        if self.sealed_at is not None:
+            return True
         if entry.producer is None:
             return False
         p = self.producers.get(entry.producer)
@@ -125,6 +131,10 @@ class ReplayState:
         elif isinstance(entry, RemoveGroup):
             self.markers.pop(entry.group, None)
             self.registered.pop(entry.group, None)
+        elif isinstance(entry, Seal):
+            applied = self.sealed_at is None
+            if applied:
+                self.sealed_at = self.next_offset
         elif isinstance(entry, Reclaim):
             self._reclaim(version, entry)
         self.version = version
@@ -181,6 +191,14 @@ class ReplayState:
     def all_fragments(self) -> list[Fragment]:
         """Every live fragment, in offset order: fetches the whole index."""
         return self.index.all()
+
+
+def refuse_if_sealed(state: ReplayState, uri: str) -> None:
+    """Raises StreamSealedError if the stream is sealed in ``state``."""
+    if state.sealed_at is not None:
+        raise StreamSealedError(
+            f"{uri} is sealed (at {state.sealed_at} samples): it takes no more appends; "
+            "write to a new stream")
 
 
 def replay(entries: Iterable[tuple[int, Entry]], state: ReplayState | None = None) -> ReplayState:

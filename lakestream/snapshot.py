@@ -93,6 +93,7 @@ def _encode_manifest(state: ReplayState, segments: list[list[object]]) -> bytes:
         "markers": {g: [[m.step, m.checkpoint_id, m.version] for m in ms]
                     for g, ms in sorted(state.markers.items())},
         "registered": dict(sorted(state.registered.items())),
+        "sealed_at": state.sealed_at,
         "voided": [[v, [[f.path, f.rows, f.size, f.offset, f.seq, f.crc32] for f in fs]]
                    for v, fs in state.voided],
         "segments": segments,
@@ -129,6 +130,8 @@ def _parse_manifest(version: int, manifest: bytes) -> tuple[ReplayState, list[li
                      for g, ms in info["markers"].items()}
     # Manifests written before registration existed have none: no log held a Register.
     state.registered = {g: int(s) for g, s in info.get("registered", {}).items()}
+    sealed = info.get("sealed_at")  # absent before sealing existed: not sealed
+    state.sealed_at = None if sealed is None else int(sealed)
     state.voided = [(int(v), tuple(FragmentRef(*f) for f in fs)) for v, fs in info["voided"]]
     return state, list(info["segments"]), int(info["format"])
 

@@ -27,6 +27,7 @@ def status(stream: Stream, keep_last: int = 2) -> dict[str, Any]:
         "version": s.version,
         "num_samples": s.next_offset,
         "num_steps": s.num_steps,
+        "sealed_at": s.sealed_at,
         "global_batch_size": stream.global_batch_size,
         "group_size": stream.group_size,
         "schema": {f.name: str(f.type) for f in stream.schema},
@@ -113,8 +114,10 @@ def removal_effect(stream: Stream, group: str, keep_last: int = 2) -> dict[str, 
 def print_status(info: dict[str, Any]) -> None:
     print(f"stream      {info['uri']}")
     print(f"version     {info['version']} (snapshot {info['snapshot_version']})")
+    sealed = "" if info["sealed_at"] is None else \
+        f"  sealed at {info['sealed_at']} samples (no more appends)"
     print(f"samples     {info['num_samples']}  steps {info['num_steps']}  "
-          f"(B={info['global_batch_size']}, G={info['group_size']})")
+          f"(B={info['global_batch_size']}, G={info['group_size']}){sealed}")
     print(f"fragments   {info['fragments']}  reclaimed below offset "
           f"{info['reclaimed_below_offset']}")
     r = info["retention"]

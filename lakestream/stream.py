@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -26,13 +27,14 @@ from lakestream.log import (
     FragmentRef,
     Register,
     RemoveGroup,
+    Seal,
     StreamMeta,
     check_group,
     encode_entry,
     log_key,
 )
 from lakestream.plan import check_world, plan_rows, slice_offsets
-from lakestream.replay import Marker, ReplayState
+from lakestream.replay import Marker, ReplayState, refuse_if_sealed
 from lakestream.retention import (
     GcReport,
     RetentionPoint,
@@ -270,7 +272,9 @@ class Stream:
             CommitConflictError: the commit lost every race (nothing was committed).
             CommitStateUnknownError: the commit may have landed; reopen to learn it.
             CorruptLogError: the log cannot be replayed up to the head (nothing committed).
+            StreamSealedError: the stream is sealed (nothing is committed).
         """
+        refuse_if_sealed(self._state, self.uri)
         table = conform(data, self.schema, where=f"append to {self.uri}")
         rows, g = table.num_rows, self.group_size
         if rows == 0 or rows % g:
@@ -284,6 +288,7 @@ class Stream:
         put_fragment(self.store, key, body)
 
         def build(state: ReplayState, commit_id: str) -> Entry:
+            refuse_if_sealed(state, self.uri)
             ref = FragmentRef(key, rows, len(body), state.next_offset, 0, crc)
             return Append(None, 0, (ref,), None, commit_id)
 
@@ -376,6 +381,28 @@ class Stream:
         result = self.commit(build)
         return None if result is None else result.version
 
+    @property
+    def sealed_at(self) -> int | None:
+        """The stream's size in samples when it was sealed, or None if it is not (as of
+        this handle's last refresh)."""
+        return self._state.sealed_at
+
+    def seal(self) -> int | None:
+        """Commits "no more appends": every later append fails with StreamSealedError and
+        commits nothing, and readers know the stream's final size (a dataset over it can
+        run epochs; a mix ends where it runs out). Idempotent: returns the seal's version,
+        or None if the stream was sealed already.
+
+        A producer that committed nothing since it last saw the log learns of the seal when
+        it commits: its write fails then, and its uploaded files are left to gc.
+        """
+
+        def build(state: ReplayState, commit_id: str) -> Entry | None:
+            return None if state.sealed_at is not None else Seal(commit_id)
+
+        result = self.commit(build)
+        return None if result is None else result.version
+
     def remove_group(self, group: str) -> int:
         """Removes ``group``: its markers and registration stop holding data (the next
         ``retain`` may reclaim what only it held). Returns the removal's version.
@@ -456,21 +483,41 @@ class Stream:
         b = self.global_batch_size
         check_world(b, self.group_size, world_size)
         span = slice_offsets(step, b, rank, world_size)
-        if span.stop > self._state.next_offset:
+        return self.read_offsets([(span.start, span.stop)], columns, what=f"step {step}")
+
+    def read_offsets(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None,
+                     *, what: str | None = None) -> pa.Table:
+        """The samples at offsets ``[lo, hi)`` of each span, in the order given (a mixed or
+        shuffled step's rows). A fragment that several spans touch is read once.
+
+        Raises:
+            StepNotAvailableError: an offset is not committed yet, or was reclaimed.
+            ValueError: an unknown column, or an empty or reversed span.
+        """
+        if not spans or any(lo >= hi or lo < 0 for lo, hi in spans):
+            raise ValueError(f"spans must be non-empty [lo, hi) ranges, got {list(spans)[:4]}")
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        what = what or f"offsets [{lo}, {hi})"
+        if hi > self._state.next_offset:
             self.refresh()
         try:
-            fragments = self._visible(self._state, step, span.start, span.stop)
+            fragments = self._visible(self._state, what, lo, hi)
         except SegmentError as e:
-            fragments = self._visible(self._recover(e), step, span.start, span.stop)
+            fragments = self._visible(self._recover(e), what, lo, hi)
         if columns is not None:
             unknown = [c for c in columns if c not in self.schema.names]
             if unknown:
                 raise ValueError(f"unknown columns {unknown}; the stream has {self.schema.names}")
-        parts = [
-            self._reader.read(fragments[r.index].path, fragments[r.index].size, r.start, r.stop,
-                              columns, crc32=fragments[r.index].crc32)
-            for r in plan_rows(fragments, span.start, span.stop)
-        ]
+        plans = [plan_rows(fragments, a, b) for a, b in spans]
+        reach: dict[int, tuple[int, int]] = {}
+        for r in (r for plan in plans for r in plan):
+            start, stop = reach.get(r.index, (r.start, r.stop))
+            reach[r.index] = (min(start, r.start), max(stop, r.stop))
+        tables = {i: self._reader.read(fragments[i].path, fragments[i].size, start, stop,
+                                       columns, crc32=fragments[i].crc32)
+                  for i, (start, stop) in reach.items()}
+        parts = [tables[r.index].slice(r.start - reach[r.index][0], r.stop - r.start)
+                 for plan in plans for r in plan]
         schema = self.schema if columns is None else pa.schema(
             [self.schema.field(c) for c in columns])
         return pa.concat_tables(parts) if parts else schema.empty_table()
@@ -487,16 +534,16 @@ class Stream:
         self._publish(state, replace=True)
         return state
 
-    def _visible(self, s: ReplayState, step: int, lo: int, hi: int) -> list[Fragment]:
+    def _visible(self, s: ReplayState, what: str, lo: int, hi: int) -> list[Fragment]:
         b = self.global_batch_size
         if lo < s.reclaimed_below:
             raise StepNotAvailableError(
-                f"step {step} of {self.uri} was reclaimed by retention: data below step "
+                f"{what} of {self.uri} was reclaimed by retention: data below step "
                 f"{-(-s.reclaimed_below // b)} is gone; resume from a retained checkpoint"
             )
         if hi > s.next_offset:
             raise StepNotAvailableError(
-                f"step {step} of {self.uri} is not visible yet: {s.num_steps} steps are "
+                f"{what} of {self.uri} is not visible yet: {s.num_steps} steps are "
                 f"committed (version {s.version})"
             )
         return s.fragments_between(lo, hi)

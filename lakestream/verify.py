@@ -51,7 +51,7 @@ def strict_json(data: bytes) -> bool:
 def _summary(state: ReplayState) -> tuple[object, ...]:
     return (state.next_offset, state.reclaimed_below, state.all_fragments(),
             {k: (p.epoch, p.seq, p.state) for k, p in state.producers.items()},
-            state.markers, state.registered, state.reclaim_versions)
+            state.markers, state.registered, state.reclaim_versions, state.sealed_at)
 
 
 def verify(store: ObjectStore) -> VerifyReport:

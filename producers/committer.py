@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from lakestream.errors import ProducerFencedError
 from lakestream.log import Append, Entry, FragmentRef
 from lakestream.producers.policy import IntervalController
-from lakestream.replay import ReplayState
+from lakestream.replay import ReplayState, refuse_if_sealed
 
 if TYPE_CHECKING:
     from lakestream.producers.producer import Producer
@@ -135,6 +135,7 @@ class Committer(threading.Thread):
         p = self._p
 
         def build(state: ReplayState, commit_id: str) -> Entry | None:
+            refuse_if_sealed(state, p.uri)
             mine = state.producers.get(p.producer_id)
             if mine is not None and mine.epoch > p.epoch:
                 raise ProducerFencedError(

@@ -20,7 +20,7 @@ from lakestream.log import Entry, Fence, check_group, check_producer_id, check_s
 from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
 from lakestream.progress import read_progress
-from lakestream.replay import ReplayState
+from lakestream.replay import ReplayState, refuse_if_sealed
 from lakestream.schema import conform, oversized_sample
 from lakestream.stream import Stream
 
@@ -184,9 +184,12 @@ class Producer:
                 ``state`` holding NaN or Infinity (not JSON).
             TypeError: ``state`` is not JSON-serialisable.
             ProducerFencedError: a newer instance of this producer id has opened.
+            StreamSealedError: the stream is sealed (here if this producer has seen the
+                seal, else from the commit of a later write, or from ``flush``).
             LakestreamError: a background upload or commit failed (re-raised here).
         """
         self._check()
+        refuse_if_sealed(self._stream.state, self.uri)
         table = conform(data, self._stream.schema, where=f"producer {self.producer_id}")
         rows, g = table.num_rows, self._stream.group_size
         if rows == 0 or rows % g:
