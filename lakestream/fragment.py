@@ -6,6 +6,8 @@ import threading
 import uuid
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import pyarrow as pa
@@ -78,6 +80,53 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
         if checksums or len(body) <= WHOLE_FILE_BYTES:
             return body
         checksums = True
+
+
+class FragmentCache:
+    """Decoded fragments, least recently used first out, bounded in bytes, shared by the
+    threads of a reader: a fragment that several of them ask for at once is decoded once."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._tables: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
+        self._loading: dict[tuple[str, str], Future[pa.Table]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.decoded = 0
+        """Fragments decoded through the cache (misses)."""
+
+    def fetch(self, key: tuple[str, str], load: Callable[[], pa.Table]) -> pa.Table:
+        """The table cached under ``key``, else ``load()``'s (once, whoever asks)."""
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+                return table
+            pending = self._loading.get(key)
+            if pending is None:
+                pending = self._loading[key] = Future()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            return pending.result()
+        try:
+            table = load()
+        except BaseException as e:
+            with self._lock:
+                del self._loading[key]
+            pending.set_exception(e)
+            raise
+        with self._lock:
+            del self._loading[key]
+            self.decoded += 1
+            self._tables[key] = table
+            self._bytes += table.nbytes
+            while self._bytes > self.max_bytes and len(self._tables) > 1:
+                _, old = self._tables.popitem(last=False)
+                self._bytes -= old.nbytes
+        pending.set_result(table)
+        return table
 
 
 class FragmentReader:

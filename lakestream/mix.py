@@ -29,6 +29,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from lakestream.plan import check_world
+
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -132,11 +134,12 @@ class MixPlan:
     def check_world(self, world_size: int) -> None:
         """Raises ValueError unless every rank can take whole groups of every source."""
         for i, s in enumerate(self.sources):
-            if s.take % world_size or (s.take // world_size) % s.group_size:
-                raise ValueError(
-                    f"world_size {world_size} does not split source {i}'s {s.take} samples "
-                    f"per step into whole groups of {s.group_size}: each source's take must "
-                    "be a multiple of world_size x its group size")
+            try:
+                check_world(s.take, s.group_size, world_size)
+            except ValueError as e:
+                if len(self.sources) == 1:
+                    raise
+                raise ValueError(f"source {i} takes {s.take} samples per step: {e}") from None
 
     def with_sealed(self, sealed: Sequence[int | None]) -> MixPlan:
         """The same plan with the sources' current sealed sizes (a source sealed since)."""

@@ -16,7 +16,13 @@ from lakestream.errors import (
     StepNotAvailableError,
     StoreError,
 )
-from lakestream.fragment import FragmentReader, encode_fragment, fragment_key, put_fragment
+from lakestream.fragment import (
+    FragmentCache,
+    FragmentReader,
+    encode_fragment,
+    fragment_key,
+    put_fragment,
+)
 from lakestream.head import shared_head
 from lakestream.index import Fragment, SegmentError
 from lakestream.log import (
@@ -47,6 +53,7 @@ from lakestream.schema import conform, validate_schema
 from lakestream.snapshot import load_state, rebase, replay_log, write_snapshot
 from lakestream.store import ObjectStore, open_store
 from lakestream.tail import entry_or_none, read_tail
+from lakestream.threads import shared_pool
 from lakestream.transaction import (
     DEFAULT_POST_COMMIT,
     Build,
@@ -486,9 +493,12 @@ class Stream:
         return self.read_offsets([(span.start, span.stop)], columns, what=f"step {step}")
 
     def read_offsets(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None,
-                     *, what: str | None = None) -> pa.Table:
+                     *, what: str | None = None,
+                     cache: FragmentCache | None = None) -> pa.Table:
         """The samples at offsets ``[lo, hi)`` of each span, in the order given (a mixed or
-        shuffled step's rows). A fragment that several spans touch is read once.
+        shuffled step's rows). A fragment that several spans touch is read once; with a
+        ``cache``, each fragment is read whole, once while the cache keeps it (a shuffled
+        window's steps share their fragments), those missing decoded in parallel.
 
         Raises:
             StepNotAvailableError: an offset is not committed yet, or was reclaimed.
@@ -513,9 +523,20 @@ class Stream:
         for r in (r for plan in plans for r in plan):
             start, stop = reach.get(r.index, (r.start, r.stop))
             reach[r.index] = (min(start, r.start), max(stop, r.stop))
-        tables = {i: self._reader.read(fragments[i].path, fragments[i].size, start, stop,
-                                       columns, crc32=fragments[i].crc32)
-                  for i, (start, stop) in reach.items()}
+        if cache is None:
+            tables = {i: self._reader.read(fragments[i].path, fragments[i].size, start, stop,
+                                           columns, crc32=fragments[i].crc32)
+                      for i, (start, stop) in reach.items()}
+        else:
+            kind = ",".join(columns) if columns is not None else "*"
+
+            def whole(f: Fragment) -> pa.Table:
+                return cache.fetch((f.path, kind), lambda: self._reader.read(
+                    f.path, f.size, 0, f.rows, columns, crc32=f.crc32))
+
+            futures = {i: shared_pool().submit(whole, fragments[i]) for i in reach}
+            tables = {i: fut.result() for i, fut in futures.items()}
+            reach = {i: (0, fragments[i].rows) for i in reach}
         parts = [tables[r.index].slice(r.start - reach[r.index][0], r.stop - r.start)
                  for plan in plans for r in plan]
         schema = self.schema if columns is None else pa.schema(

@@ -8,6 +8,7 @@ from lakestream.loaders.collate import collate_table
 from lakestream.loaders.dataset import StreamDataset, StreamLoader
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.reader import StepReader
+from lakestream.steps import Source
 
-__all__ = ["StepReader", "StreamDataset", "StreamLoader", "collate_table", "load_checkpoint",
-           "resolve_rank", "save_checkpoint", "worker_steps"]
+__all__ = ["Source", "StepReader", "StreamDataset", "StreamLoader", "collate_table",
+           "load_checkpoint", "resolve_rank", "save_checkpoint", "worker_steps"]

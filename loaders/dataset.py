@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -16,12 +17,14 @@ from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader
 from lakestream.log import check_group
-from lakestream.plan import check_world
+from lakestream.steps import MixSteps, Source, open_mix
 from lakestream.stream import Stream
 
-STATE_VERSION = 2
-"""2 adds the worker fields; a version-1 state (no worker fields) still loads."""
-STATE_KIND = "lakestream.StreamDataset"
+STATE_VERSION = 3
+"""2 added the worker fields, 3 the mix (sources, cursors, shuffle, epochs); older states
+(one stream in log order) still load."""
+STATE_KEYS = frozenset({"version", "next_step", "group", "global_batch_size"})
+"""The keys of every StreamDataset state (a DCP checkpoint's keys must stay those saved)."""
 log = logging.getLogger("lakestream")
 
 
@@ -58,8 +61,18 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     without one: it publishes nothing, registers nothing and holds nothing (an eval or
     analysis job beside training).
 
+    Mixing, shuffling, epochs (``lakestream.mix``): pass a list of ``Source(uri, take,
+    cycle)`` instead of one URI and every step takes ``take`` samples from each source, in
+    that source's order, so a step holds the sum of the takes; each rank gets its share of
+    every source. ``shuffle_window=w`` permutes each window of ``w`` steps' samples of each
+    source (groups stay whole; a window is read once all of it is committed), by ``seed``.
+    ``epochs=n`` runs over sealed sources n times, each epoch in a fresh order. A mix ends
+    when a sealed source that does not cycle runs out; every rank and every restart reads
+    the same samples at the same step.
+
     Args:
-        uri: the stream. group: the consumer group, or None to read without one.
+        uri: the stream, or the sources of a mix. group: the consumer group, or None to read
+            without one.
         rank, world_size: default to torch.distributed, then RANK/WORLD_SIZE, then 0/1.
         start_step: the first step to read. max_steps: iteration stops before this step.
         columns: the columns to read (all if None). timeout: seconds to wait for a step
@@ -72,18 +85,31 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             ``keep_last`` markers of every group (off by default).
         step_key: the key under which each batch carries its step number; a stream with a
             column of that name needs another (``ValueError`` otherwise).
+        shuffle_window, seed, epochs: see above (default: log order, once, no end).
     """
 
-    def __init__(self, uri: str, group: str | None = "train", rank: int | None = None,
+    def __init__(self, uri: str | Sequence[Source], group: str | None = "train",
+                 rank: int | None = None,
                  world_size: int | None = None, start_step: int = 0,
                  columns: list[str] | None = None, timeout: float | None = None,
                  collate: str | Collate = "padded", *,
                  storage_options: dict[str, str] | None = None,
                  max_steps: int | None = None, prefetch: int = 4, read_threads: int = 2,
                  progress_interval_s: float = 1.0, keep_last: int | None = None,
-                 step_key: str = "step") -> None:
+                 step_key: str = "step", shuffle_window: int | None = None, seed: int = 0,
+                 epochs: int | None = None) -> None:
         super().__init__()
-        self.uri = uri
+        if isinstance(uri, str):
+            self.sources = [Source(uri, storage_options=storage_options)]
+        else:
+            self.sources = [s if s.storage_options is not None or storage_options is None
+                            else Source(s.uri, s.take, s.cycle, storage_options) for s in uri]
+            if not self.sources or not all(isinstance(s, Source) for s in self.sources):
+                raise TypeError("uri must be a stream URI or a non-empty list of Source")
+        self.uri = " + ".join(s.uri for s in self.sources)
+        self.shuffle_window, self.seed, self.epochs = shuffle_window, seed, epochs
+        self._base: tuple[int, list[int]] = (0, [0] * len(self.sources))
+        """The mix's (base step, source positions there): where a changed mix began."""
         self.group = None if group is None else check_group(group)
         self.job = job_id()
         """This job's identity in its group's progress (``JobProgress``)."""
@@ -104,34 +130,64 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.keep_last = keep_last
         self.policy_version: int | None = None
         """Set by the trainer; published with progress so producers can stamp samples."""
-        self._stream: Stream | None = None
+        self._mix: MixSteps | None = None
         self._publisher: ProgressPublisher | None = None
-        self._progress: JobProgress | None = None
+        self._progress: _MixProgress | None = None
         self.last_reader: StepReader | None = None
         self._worker_next: int | None = None
         """In a DataLoader worker, the next step this worker reads (set by iterating it or by
         loading its state); None: ``start_step`` plus the worker's index."""
-        stream = self.stream
-        check_world(stream.global_batch_size, stream.group_size, self.world_size)
+        self.mix.plan.check_world(self.world_size)
         self.step_key = step_key
-        if step_key in stream.schema.names:
-            raise ValueError(f"{uri} has a column {step_key!r}, where each batch carries its step "
-                             f"number: pass step_key= another name (e.g. 'lakestream_step')")
-        if columns is not None:
-            unknown = [c for c in columns if c not in stream.schema.names]
-            if unknown:
-                raise ValueError(f"unknown columns {unknown}; {uri} has {stream.schema.names}")
+        first = self.streams[0]
+        for stream in self.streams:
+            if step_key in stream.schema.names:
+                raise ValueError(f"{stream.uri} has a column {step_key!r}, where each batch "
+                                 "carries its step number: pass step_key= another name "
+                                 "(e.g. 'lakestream_step')")
+            if columns is not None:
+                unknown = [c for c in columns if c not in stream.schema.names]
+                if unknown:
+                    raise ValueError(f"unknown columns {unknown}; {stream.uri} has "
+                                     f"{stream.schema.names}")
+            for name in columns if columns is not None else first.schema.names:
+                theirs = stream.schema.field(name).type if name in stream.schema.names \
+                    else None
+                if theirs != first.schema.field(name).type:
+                    raise ValueError(
+                        f"sources disagree on column {name!r}: {first.uri} has "
+                        f"{first.schema.field(name).type}, {stream.uri} has {theirs}; pass "
+                        "columns= the ones they share")
+
+    @property
+    def mix(self) -> MixSteps:
+        """This process's handles on the sources and their plan (opened lazily, again in
+        each worker)."""
+        if self._mix is None:
+            base_step, starts = self._base
+            self._mix = open_mix(self.sources, shuffle_window=self.shuffle_window,
+                                 seed=self.seed, epochs=self.epochs, base_step=base_step,
+                                 starts=starts)
+        return self._mix
+
+    @property
+    def streams(self) -> list[Stream]:
+        """The handles on the sources' streams, in order."""
+        return self.mix.streams
 
     @property
     def stream(self) -> Stream:
-        """This process's handle on the stream (opened lazily, again in each worker)."""
-        if self._stream is None:
-            self._stream = Stream.open(self.uri, storage_options=self.storage_options)
-        return self._stream
+        """The handle on the (first) source's stream."""
+        return self.streams[0]
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per step, over all ranks (the sum of the sources' takes)."""
+        return self.mix.plan.global_batch_size
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_stream"] = None  # a worker opens its own handle
+        state["_mix"] = None  # a worker opens its own handles
         state["_publisher"] = None
         state["_progress"] = None
         state["last_reader"] = None
@@ -143,12 +199,11 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         in_process = info is None
-        reader = StepReader(self.stream, self.rank, self.world_size, columns=self.columns,
+        reader = StepReader(self.mix, self.rank, self.world_size, columns=self.columns,
                             prefetch=self.prefetch, threads=self.read_threads,
                             timeout=self.timeout)
         self.last_reader = reader
-        if self.group is not None and self.rank == 0 and worker == 0 \
-                and self.group not in self.stream.groups:
+        if self.group is not None and self.rank == 0 and worker == 0:
             self._register()
         first = self._worker_next if not in_process and self._worker_next is not None \
             else self.start_step + worker
@@ -169,16 +224,27 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 self.close()
 
     def _register(self) -> None:
-        """Registers the group where this job starts reading (at most the visible steps:
-        holding from an earlier step is safe, from a later one would not be)."""
+        """Registers the group, on each source the log of which does not know it yet, where
+        this job starts reading (at most the visible steps: holding from an earlier step is
+        safe, from a later one would not be)."""
         assert self.group is not None
-        step = min(self.start_step, self.stream.num_steps)
-        try:
-            self.stream.register_group(self.group, step)
-        except PermissionDeniedError as e:
-            log.warning("could not register consumer group %r at step %d (%s): it holds no "
-                        "data until it commits a checkpoint marker; a job that only reads "
-                        "passes group=None", self.group, step, e)
+        for stream, step in zip(self.streams, self._source_steps(self.start_step), strict=True):
+            if self.group in stream.groups:
+                continue
+            step = min(step, stream.num_steps)
+            try:
+                stream.register_group(self.group, step)
+            except PermissionDeniedError as e:
+                log.warning("could not register consumer group %r at step %d of %s (%s): it "
+                            "holds no data until it commits a checkpoint marker; a job that "
+                            "only reads passes group=None", self.group, step, stream.uri, e)
+
+    def _source_steps(self, step: int) -> list[int]:
+        """Each source's own step from which a run resuming at mix step ``step`` may read:
+        what its registration and markers hold."""
+        return [offset // stream.global_batch_size
+                for offset, stream in zip(self.mix.plan.hold_from(step), self.streams,
+                                          strict=True)]
 
     # -- state ------------------------------------------------------------------------
 
@@ -194,16 +260,18 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             weakref.finalize(self, self._publisher.stop)
         self._publisher.update(self.start_step, self.policy_version)
 
-    def _job_progress(self) -> JobProgress:
+    def _job_progress(self) -> _MixProgress:
         assert self.group is not None
         if self._progress is None:
-            self._progress = JobProgress(self.stream.store, self.group, self.job)
+            self._progress = _MixProgress(self, [JobProgress(s.store, self.group, self.job)
+                                                 for s in self.streams])
         return self._progress
 
     @property
     def progress_conflicts(self) -> int:
         """Publishes that found another job's progress in this group (see ``JobProgress``)."""
-        return self._progress.conflicts if self._progress is not None else 0
+        return sum(p.conflicts for p in self._progress.parts) if self._progress is not None \
+            else 0
 
     @property
     def publish_errors(self) -> int:
@@ -222,11 +290,30 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         if self.rank == 0 and self.group is not None:
             self._job_progress()(self.start_step, self.policy_version)
 
+    @property
+    def _plain(self) -> bool:
+        """One stream, whole steps, log order: the states of earlier versions."""
+        return len(self.sources) == 1 and self.sources[0].take is None \
+            and not self.sources[0].cycle and self.shuffle_window is None \
+            and self.epochs is None and self._base == (0, [0])
+
+    def _describe(self) -> dict[str, Any]:
+        return {"sources": [s.describe() for s in self.sources],
+                "shuffle_window": self.shuffle_window, "seed": self.seed,
+                "epochs": self.epochs}
+
     def state_dict(self) -> dict[str, Any]:
-        """The resume point: the next step to read (torchdata/DCP ``Stateful``). In a
+        """The resume point: the next step to read (torchdata/DCP ``Stateful``), and for a
+        mix its sources, their positions and the shuffle, as JSON under ``"mix"``. In a
         DataLoader worker it also holds the worker's own next step."""
-        state = {"kind": STATE_KIND, "version": STATE_VERSION, "next_step": self.start_step,
-                 "group": self.group, "global_batch_size": self.stream.global_batch_size}
+        state: dict[str, Any] = {"version": STATE_VERSION, "next_step": self.start_step,
+                                 "group": self.group,
+                                 "global_batch_size": self.global_batch_size}
+        if not self._plain:
+            base_step, starts = self._base
+            state["mix"] = json.dumps({**self._describe(), "base_step": base_step,
+                                       "starts": starts,
+                                       "cursors": self.mix.plan.hold_from(self.start_step)})
         info = get_worker_info()
         if info is not None:
             state.update(worker=info.id, num_workers=info.num_workers,
@@ -238,30 +325,64 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """Resumes at the saved step; the world size may differ from the saving run's. A
         worker's state loaded into the same worker resumes that worker where it stopped.
 
+        A mix resumes exactly when its sources, shuffle and epochs are those saved. If the
+        sources changed (one added, removed, or given another take), each source found in
+        the state resumes at its saved position (the start of its shuffle window: samples
+        read from that window before are read again), a new one at its start.
+
         Raises:
-            LakestreamError: the state belongs to a stream with another global batch size.
+            LakestreamError: the state belongs to other streams, or a mix with epochs
+                changed.
         """
-        b = int(state["global_batch_size"])
-        if b != self.stream.global_batch_size:
-            raise LakestreamError(
-                f"state was saved for global batch size {b}, but {self.uri} has "
-                f"{self.stream.global_batch_size}: it belongs to another stream"
-            )
-        self.start_step = int(state["next_step"])
+        saved = json.loads(state["mix"]) if "mix" in state else None
+        step = int(state["next_step"])
+        if saved is None:  # one stream, whole steps, in log order
+            b = int(state["global_batch_size"])
+            if not self._plain:
+                raise LakestreamError(
+                    f"state was saved by a StreamDataset over one stream in log order, and "
+                    f"{self.uri} mixes, shuffles or repeats: start it at that step with "
+                    f"start_step={step} instead")
+            if b != self.global_batch_size:
+                raise LakestreamError(
+                    f"state was saved for global batch size {b}, but {self.uri} has "
+                    f"{self.global_batch_size}: it belongs to another stream")
+        elif {k: saved.get(k) for k in self._describe()} == self._describe():
+            self._base = (int(saved["base_step"]), [int(x) for x in saved["starts"]])
+        else:
+            self._rebase(saved, step)
+        self._mix = None  # planned again from the loaded base
+        self.start_step = step
         info = get_worker_info()
         same_worker = info is not None and "worker_next_step" in state \
             and (state.get("worker"), state.get("num_workers")) == (info.id, info.num_workers)
         self._worker_next = int(state["worker_next_step"]) if same_worker else None
 
+    def _rebase(self, saved: dict[str, Any], step: int) -> None:
+        if self.epochs is not None or saved.get("epochs") is not None:
+            raise LakestreamError(
+                f"the state was saved by another mix ({saved['sources']}, epochs "
+                f"{saved.get('epochs')}); a mix with epochs cannot change: resume it as it "
+                "was, or start a new run")
+        cursors = {s["uri"]: int(c) for s, c in zip(saved["sources"], saved["cursors"],
+                                                     strict=True)}
+        self._base = (step, [cursors.get(s.uri, 0) for s in self.sources])
+        log.warning("the mix changed since the state was saved (%s); each source resumes at "
+                    "its saved position, new ones at their start: %s",
+                    [s["uri"] for s in saved["sources"]], dict(zip(
+                        [s.uri for s in self.sources], self._base[1], strict=True)))
+
     def commit_checkpoint(self, step: int | None = None,
                           checkpoint_id: str | None = None) -> int | None:
         """Commits the marker "this group has a durable checkpoint resuming at ``step``"
-        (default: the next step to read). Call it on every rank after the distributed
-        checkpoint is saved; rank 0 commits, the others return None. With ``keep_last``
-        set on the dataset, rank 0 then runs retention (``Stream.retain``).
+        (default: the next step to read) on every source's stream, each at the first step
+        of that stream the resumed run may read. Call it on every rank after the
+        distributed checkpoint is saved; rank 0 commits, the others return None. With
+        ``keep_last`` set on the dataset, rank 0 then runs retention (``Stream.retain``) on
+        each source.
 
         Returns:
-            The log version of the marker (rank 0).
+            The log version of the (first source's) marker (rank 0).
 
         Raises:
             ValueError: the dataset reads without a group (``group=None``).
@@ -272,11 +393,26 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         if self.rank != 0:
             return None
         step = self.start_step if step is None else step
-        version = self.stream.mark_checkpoint(self.group, step, checkpoint_id)
+        versions = [stream.mark_checkpoint(self.group, s, checkpoint_id)
+                    for stream, s in zip(self.streams, self._source_steps(step), strict=True)]
         self.publish_progress()
         if self.keep_last is not None:
-            self.stream.retain(keep_last=self.keep_last)
-        return version
+            for stream in self.streams:
+                stream.retain(keep_last=self.keep_last)
+        return versions[0]
+
+
+class _MixProgress:
+    """Publishes a mix's progress to each source: the step of that source's own stream the
+    mix has consumed up to (what its producers' ``max_lag_steps`` follows)."""
+
+    def __init__(self, dataset: StreamDataset, parts: list[JobProgress]) -> None:
+        self.dataset, self.parts = dataset, parts
+
+    def __call__(self, step: int, policy_version: int | None) -> None:
+        plan = self.dataset.mix.plan
+        for i, (part, stream) in enumerate(zip(self.parts, self.dataset.streams, strict=True)):
+            part(plan.position(i, step) // stream.global_batch_size, policy_version)
 
 
 def consumed_step(state: Any, default: int) -> int:
@@ -288,7 +424,7 @@ def consumed_step(state: Any, default: int) -> int:
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
-            if node.get("kind") == STATE_KIND:
+            if STATE_KEYS <= node.keys():
                 found.append(int(node["next_step"]))
                 return
             for value in node.values():

@@ -11,27 +11,31 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
+from lakestream.steps import MixSteps
 from lakestream.stream import Stream
 
 LATENCY_WINDOW = 4096
 
 
 class StepReader:
-    """Reads one rank's slices of a sequence of steps, in order, ``prefetch`` steps ahead.
+    """Reads one rank's slices of a sequence of steps, in order, ``prefetch`` steps ahead:
+    a stream's own steps, or the steps of a mix (``MixSteps``).
 
     A step that is not visible yet is waited for by polling the next log entry (a GET, never
     a LIST, shared by every reader of the stream in the process: ``Stream.poll``), backing
     off from ``poll_min_s`` to ``poll_max_s``; after ``timeout`` seconds of
     waiting for one step, ``StepNotAvailableError`` is raised (``timeout=None`` waits forever).
+    Iteration stops at a step past the end of a mix (a sealed source ran out).
     """
 
-    def __init__(self, stream: Stream, rank: int, world_size: int, *,
+    def __init__(self, steps: Stream | MixSteps, rank: int, world_size: int, *,
                  columns: list[str] | None = None, prefetch: int = 4, threads: int = 2,
                  timeout: float | None = None, poll_min_s: float = 0.005,
                  poll_max_s: float = 0.5) -> None:
         if prefetch < 0 or threads < 1:
             raise ValueError("prefetch must be >= 0 and threads >= 1")
-        self.stream, self.rank, self.world_size = stream, rank, world_size
+        self.steps = steps if isinstance(steps, MixSteps) else MixSteps.single(steps)
+        self.rank, self.world_size = rank, world_size
         self.columns, self.prefetch, self.threads = columns, prefetch, threads
         self.timeout, self.poll_min_s, self.poll_max_s = timeout, poll_min_s, poll_max_s
         self.wait_s = 0.0
@@ -42,30 +46,32 @@ class StepReader:
 
     def _read(self, step: int) -> tuple[pa.Table, float]:
         t0 = time.perf_counter()
-        table = self.stream.read_step(step, self.rank, self.world_size, self.columns)
+        table = self.steps.read(step, self.rank, self.world_size, self.columns)
         return table, time.perf_counter() - t0
 
-    def wait_visible(self, step: int) -> None:
-        """Returns once ``step`` is committed.
+    def wait_visible(self, step: int) -> bool:
+        """Returns True once ``step`` is committed, False if the steps end before it.
 
         Raises:
             StepNotAvailableError: still not visible after ``timeout`` seconds.
         """
-        if self.stream.num_steps > step:
-            return
+        if self.steps.ready(step):
+            return True
         t0 = time.monotonic()
         delay = self.poll_min_s
         while True:
-            self.stream.poll()
-            if self.stream.num_steps > step:
+            if self.steps.ended(step):
+                return False
+            self.steps.poll()
+            if self.steps.ready(step):
                 self.wait_s += time.monotonic() - t0
-                return
+                return True
             waited = time.monotonic() - t0
             if self.timeout is not None and waited >= self.timeout:
                 self.wait_s += waited
                 raise StepNotAvailableError(
-                    f"step {step} of {self.stream.uri} did not become visible within "
-                    f"{self.timeout}s ({self.stream.num_steps} steps committed); producers "
+                    f"step {step} of {self.steps.uri} did not become visible within "
+                    f"{self.timeout}s ({self.steps.committed()} committed); producers "
                     "may be stalled"
                 )
             pause = delay if self.timeout is None else min(delay, self.timeout - waited)
@@ -86,9 +92,11 @@ class StepReader:
                         held = next(it, None)
                         if held is None:
                             break
-                    if pending and self.stream.num_steps <= held:
+                    if pending and not self.steps.ready(held):
                         break  # not visible yet: serve what is in flight first
-                    self.wait_visible(held)
+                    if not self.wait_visible(held):
+                        it, held = iter(()), None  # the steps end here
+                        break
                     pending.append((held, pool.submit(self._read, held)))
                     held = None
                 if not pending:

@@ -11,15 +11,15 @@ ROOT = Path(__file__).resolve().parents[1]
 RANKS = {
     "errors": 0, "failpoints": 0, "threads": 0,
     "store": 1, "schema": 1,
-    "log": 2, "plan": 2, "mix": 2,
-    "index": 3, "progress": 3,
+    "log": 2, "plan": 2,
+    "index": 3, "mix": 3, "progress": 3,
     "replay": 4, "fragment": 4,
     "tail": 5, "inventory": 5,
     "head": 6,
     "snapshot": 6,
     "transaction": 7, "retention": 7, "verify": 7,
     "stream": 8,
-    "status": 9,
+    "status": 9, "steps": 9,
     "cli": 10, "__init__": 11,
 }
 

@@ -1,12 +1,14 @@
 """The README's examples run as printed, in order, each in a fresh interpreter: the stream
 example creates the stream, the producer example writes 1,000 groups into it, and the trainer
-example reads 500 steps of it on one gloo rank, checkpointing as it goes. Nothing is faked
-between them (no progress is published for the producer).
+example reads 500 steps of it on one gloo rank, checkpointing as it goes; the SFT example
+writes two sources, mixes them and resumes from a checkpoint. Nothing is faked between them
+(no progress is published for the producer).
 
-Two things in the code are replaced: the stream's path (`/tmp/rollouts`, by one under the
-test's temporary folder), and the trainer's rendezvous, which becomes file-based with rank 0 of
-a world of 1, as a launcher would give it (the default env:// starts a TCP store that listens on
-every interface). The calls the README shows inline are run too."""
+Two things in the code are replaced: the streams' paths (`/tmp/rollouts` and `/tmp/sft`, by
+ones under the test's temporary folder), and the trainers' rendezvous, which becomes
+file-based with rank 0 of a world of 1, as a launcher would give it (the default env://
+starts a TCP store that listens on every interface). The calls the README shows inline are
+run too."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from lakestream.producers import Producer
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-EXAMPLES = ("## A stream in 20 lines", "## A producer in 20 lines", "## A trainer in 20 lines")
+EXAMPLES = ("## A stream in 20 lines", "## A producer in 20 lines", "## A trainer in 20 lines",
+            "## SFT in 20 lines")
 RENDEZVOUS = 'dist.init_process_group("gloo")'
 
 
@@ -32,7 +35,7 @@ def _example(heading: str) -> str:
 
 
 def _run(code: str, cwd: Path, uri: str) -> str:
-    code = code.replace("/tmp/rollouts", uri).replace(
+    code = code.replace("/tmp/rollouts", uri).replace("/tmp/sft", str(cwd / "sft")).replace(
         RENDEZVOUS,
         f'dist.init_process_group("gloo", init_method="file://{cwd}/rendezvous", rank=0, '
         'world_size=1)')
@@ -64,6 +67,12 @@ def test_the_readme_examples_run_as_printed(tmp_path: Path) -> None:
     stream.refresh()
     assert [m.step for m in stream.checkpoints("train")][-5:] == [100, 200, 300, 400, 500]
     assert (tmp_path / "ckpt" / "500").is_dir()
+
+    sft = _example(EXAMPLES[3])
+    assert sft.count(RENDEZVOUS) == 1
+    assert _run(sft, tmp_path, uri).splitlines()[-1] == "[60, 61, 62]"
+    code = lakestream.open(str(tmp_path / "sft" / "code"))
+    assert code.sealed_at == 700 and [m.step for m in code.checkpoints("train")] == [0]
 
     # The calls shown inline, with the names they use bound to this stream.
     inline = [s for s in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", README, flags=re.S))

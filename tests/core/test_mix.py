@@ -135,5 +135,5 @@ def test_bad_plans_are_refused(kwargs: dict[str, object], message: str) -> None:
 def test_a_world_that_splits_a_group_is_refused() -> None:
     plan = MixPlan([SourcePlan(take=8, group_size=2), SourcePlan(take=4, group_size=2)])
     plan.check_world(2)
-    with pytest.raises(ValueError, match="source 1's 4 samples"):
+    with pytest.raises(ValueError, match="source 1 takes 4 samples per step: world_size 4 "):
         plan.check_world(4)

@@ -1,0 +1,133 @@
+"""The steps of a mix over open streams: whether a step is readable yet, whether the mix has
+ended before it, and a rank's rows of it (``lakestream.mix`` plans; this reads)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from lakestream.fragment import FragmentCache
+from lakestream.mix import MixPlan, SourcePlan
+from lakestream.stream import Stream
+
+
+@dataclass(frozen=True)
+class Source:
+    """One stream of a mix: ``take`` samples of it go into every step (None: the stream's
+    global batch size); ``cycle`` wraps a sealed stream around for up-sampling."""
+
+    uri: str
+    take: int | None = None
+    cycle: bool = False
+    storage_options: dict[str, str] | None = field(default=None, compare=False, hash=False)
+
+    def describe(self) -> dict[str, object]:
+        """What identifies the source in a saved state."""
+        return {"uri": self.uri, "take": self.take, "cycle": self.cycle}
+
+
+def open_mix(sources: Sequence[Source], *, shuffle_window: int | None = None, seed: int = 0,
+             epochs: int | None = None, base_step: int = 0,
+             starts: Sequence[int] | None = None) -> MixSteps:
+    """Opens every source's stream and plans their mix (see ``lakestream.mix``).
+
+    Raises:
+        ValueError: the plan is invalid (named), e.g. ``cycle`` on a stream not sealed.
+        NotFoundError: a source's stream does not exist.
+    """
+    streams = [Stream.open(s.uri, storage_options=s.storage_options) for s in sources]
+    starts = list(starts) if starts is not None else [0] * len(sources)
+    plans = [SourcePlan(s.take if s.take is not None else st.global_batch_size,
+                        st.group_size, cycle=s.cycle, sealed=st.sealed_at, start=start)
+             for s, st, start in zip(sources, streams, starts, strict=True)]
+    try:
+        plan = MixPlan(plans, shuffle_window=shuffle_window, seed=seed, epochs=epochs,
+                       base_step=base_step)
+    except ValueError as e:
+        names = {f"source {i}": s.uri for i, s in enumerate(sources)}
+        message = str(e)
+        for name, uri in names.items():
+            message = message.replace(name, f"{name} ({uri})")
+        raise ValueError(message) from None
+    return MixSteps(streams, plan)
+
+
+CACHE_BYTES = 512 << 20
+"""What a shuffled mix keeps decoded per process: a window's fragments, so that its steps
+decode each fragment once rather than once per step."""
+SEAM_CACHE_BYTES = 64 << 20
+"""What a mix in log order keeps: the fragments a step shares with the next (a source's
+take need not end on a fragment's end), so that each is decoded once, not twice."""
+
+
+class MixSteps:
+    """``plan`` over ``streams`` (one per source, in order). A plan made before a source
+    was sealed takes its seal into account as soon as a handle sees it."""
+
+    def __init__(self, streams: Sequence[Stream], plan: MixPlan) -> None:
+        if len(streams) != len(plan.sources):
+            raise ValueError(f"{len(streams)} streams for {len(plan.sources)} sources")
+        self.streams = list(streams)
+        self._plan = plan
+        seams = len(plan.sources) > 1 or plan.sources[0].take != streams[0].global_batch_size
+        self._cache = FragmentCache(CACHE_BYTES) if plan.shuffle_window is not None \
+            else FragmentCache(SEAM_CACHE_BYTES) if seams else None
+
+    @classmethod
+    def single(cls, stream: Stream) -> MixSteps:
+        """A stream's own steps, in log order."""
+        return cls([stream], MixPlan([SourcePlan(stream.global_batch_size, stream.group_size,
+                                                 sealed=stream.sealed_at)]))
+
+    @property
+    def uri(self) -> str:
+        return " + ".join(s.uri for s in self.streams)
+
+    @property
+    def plan(self) -> MixPlan:
+        """The plan with every seal the handles have seen."""
+        self._plan = self._plan.with_sealed([s.sealed_at for s in self.streams])
+        return self._plan
+
+    def ended(self, step: int) -> bool:
+        """Whether the mix ends before ``step`` (a sealed, non-cycling source ran out)."""
+        end = self.plan.num_steps
+        return end is not None and step >= end
+
+    def ready(self, step: int) -> bool:
+        """Whether every source has committed what ``step`` reads (so every rank may)."""
+        if self.ended(step):
+            return False
+        plan = self.plan
+        return all(n <= s.num_samples for n, s in zip(plan.needed(step), self.streams,
+                                                      strict=True))
+
+    def poll(self) -> None:
+        for s in self.streams:
+            s.poll()
+
+    def committed(self) -> str:
+        """What the sources hold, for messages."""
+        return ", ".join(f"{s.num_samples} samples in {s.uri}" for s in self.streams)
+
+    def read(self, step: int, rank: int, world_size: int,
+             columns: list[str] | None = None) -> pa.Table:
+        """Rank ``rank`` of ``world_size``'s rows of ``step``: each source's share, in
+        source order.
+
+        Raises:
+            StepNotAvailableError: a source has not committed them yet, or reclaimed them.
+        """
+        what = f"step {step}" if len(self.streams) == 1 else f"step {step} of the mix"
+        parts = [stream.read_offsets(spans, columns, what=what, cache=self._cache)
+                 for stream, spans in zip(self.streams,
+                                          self.plan.rank_spans(step, rank, world_size),
+                                          strict=True) if spans]
+        if len(parts) == 1:
+            return parts[0]
+        # Sources agree on the columns' types (checked by the dataset); nullability or
+        # metadata may differ.
+        schema = parts[0].schema
+        return pa.concat_tables([p if p.schema == schema else p.cast(schema) for p in parts])

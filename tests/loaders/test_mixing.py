@@ -1,0 +1,197 @@
+"""Mixing streams by proportion, shuffling by window, epochs over sealed streams: every rank,
+every world size and every restart reads the same samples at the same step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import lakestream
+from lakestream.errors import StepNotAvailableError
+from lakestream.loaders import Source, StreamDataset, StreamLoader
+from tests.helpers import SCHEMA, rows
+
+A_TAKE, B_TAKE = 8, 4
+A_SIZE, B_SIZE = 64, 32  # 8 steps per epoch from each
+
+
+def _sources(tmp_path: Any, seal: bool = True) -> tuple[str, str]:
+    a = lakestream.create(str(tmp_path / "a"), SCHEMA, global_batch_size=8, group_size=2)
+    for k in range(0, A_SIZE, 8):
+        a.append(rows(k, 8))
+    b = lakestream.create(str(tmp_path / "b"), SCHEMA, global_batch_size=4)
+    for k in range(0, B_SIZE, 4):
+        b.append(rows(1000 + k, 4))
+    if seal:
+        a.seal()
+        b.seal()
+    return a.uri, b.uri
+
+
+def _mix(uris: tuple[str, str], rank: int = 0, world: int = 1, **kwargs: Any) -> StreamDataset:
+    kwargs.setdefault("shuffle_window", 3)
+    kwargs.setdefault("seed", 11)
+    kwargs.setdefault("epochs", 2)
+    return StreamDataset([Source(uris[0], take=A_TAKE), Source(uris[1], take=B_TAKE)],
+                         rank=rank, world_size=world, group=None, timeout=30, **kwargs)
+
+
+def _steps(loader: Any, n: int | None = None) -> list[tuple[int, list[int]]]:
+    got = []
+    for batch in loader:
+        got.append((int(batch["step"]), [int(x) for x in batch["id"]]))
+        if n is not None and len(got) == n:
+            break
+    return got
+
+
+def _split(ids: list[int]) -> tuple[list[int], list[int]]:
+    return [x for x in ids if x < 1000], [x for x in ids if x >= 1000]
+
+
+def test_every_rank_reads_its_share_and_each_sample_comes_once_per_epoch(tmp_path) -> None:
+    uris = _sources(tmp_path)
+    whole = _steps(_mix(uris))
+    assert [s for s, _ in whole] == list(range(16))
+    for epoch in range(2):
+        part = [ids for s, ids in whole if s // 8 == epoch]
+        a = [x for ids in part for x in _split(ids)[0]]
+        b = [x for ids in part for x in _split(ids)[1]]
+        assert sorted(a) == list(range(A_SIZE)) and sorted(b) == list(range(1000, 1000 + B_SIZE))
+        assert all(len(_split(ids)[0]) == A_TAKE and len(_split(ids)[1]) == B_TAKE
+                   for ids in part)
+        # Groups of source A (G = 2) stay whole.
+        assert all(a[j] % 2 == 0 and a[j + 1] == a[j] + 1 for j in range(0, len(a), 2))
+    first, second = ([ids for s, ids in whole if s // 8 == e] for e in range(2))
+    assert first != second  # each epoch in a fresh order
+    assert [x for ids in first for x in ids] != sorted(x for ids in first for x in ids)
+    for world in (2, 4):
+        per_rank = [_steps(_mix(uris, r, world)) for r in range(world)]
+        for step, ids in whole:
+            a, b = _split(ids)
+            for r in range(world):
+                ra, rb = _split(per_rank[r][step][1])
+                assert ra == a[r * A_TAKE // world:(r + 1) * A_TAKE // world]
+                assert rb == b[r * B_TAKE // world:(r + 1) * B_TAKE // world]
+
+
+# Step 5 is inside the second shuffle window (3-5), step 9 inside the second epoch.
+@pytest.mark.parametrize("at, world, workers", [(5, 1, 0), (5, 4, 0), (9, 2, 2)])
+def test_resume_mid_window_and_mid_epoch_equals_the_uninterrupted_run(
+        tmp_path, at: int, world: int, workers: int) -> None:
+    uris = _sources(tmp_path)
+    whole = _steps(_mix(uris))
+    first = _mix(uris, 0, 2)
+    head = _steps(first, at)
+    assert [s for s, _ in head] == list(range(at))
+    state = first.state_dict()
+    assert state["next_step"] == at
+    for rank in range(world):
+        ds = _mix(uris, rank, world)
+        ds.load_state_dict(state)
+        tail = _steps(StreamLoader(ds, num_workers=workers))
+        assert [s for s, _ in tail] == list(range(at, 16))
+        for (_, ids), (_, mine) in zip(whole[at:], tail, strict=True):
+            a, b = _split(ids)
+            k_a, k_b = A_TAKE // world, B_TAKE // world
+            assert _split(mine) == (a[rank * k_a:(rank + 1) * k_a], b[rank * k_b:(rank + 1) * k_b])
+
+
+def test_a_live_window_is_read_only_once_it_is_all_committed(tmp_path) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    s.append(rows(0, 12))  # a window of 2 steps holds 8 samples: one and a half windows
+    ds = StreamDataset(s.uri, group=None, rank=0, world_size=1, shuffle_window=2, seed=3,
+                       timeout=0.3, max_steps=4)
+    it = iter(ds)
+    got = [next(it), next(it)]
+    assert sorted(int(x) for b in got for x in b["id"]) == list(range(8))
+    with pytest.raises(StepNotAvailableError, match="step 2"):
+        next(it)
+
+    def produce() -> None:
+        time.sleep(0.2)
+        s.append(rows(12, 4))
+
+    t = threading.Thread(target=produce)
+    t.start()
+    late = StreamDataset(s.uri, group=None, rank=0, world_size=1, shuffle_window=2, seed=3,
+                         timeout=30, start_step=2, max_steps=4)
+    tail = [int(x) for b in late for x in b["id"]]
+    t.join()
+    assert sorted(tail) == list(range(8, 16))
+
+
+def test_a_mix_ends_where_a_sealed_source_runs_out(tmp_path) -> None:
+    uris = _sources(tmp_path, seal=False)
+    lakestream.open(uris[1]).seal()  # 32 samples: 8 steps of 4
+    ds = StreamDataset([Source(uris[0], take=4), Source(uris[1], take=4)], group=None,
+                       rank=0, world_size=1, timeout=30)
+    got = _steps(ds)
+    assert [s for s, _ in got] == list(range(8))  # source a still has samples: no matter
+    cycled = StreamDataset([Source(uris[0], take=4), Source(uris[1], take=8, cycle=True)],
+                           group=None, rank=0, world_size=1, timeout=0.3, max_steps=17)
+    got = _steps(cycled, 16)  # a (64 samples, live) runs out of committed data at step 16
+    b = [x for _, ids in got for x in _split(ids)[1]]
+    assert b == list(range(1000, 1032)) * 4  # cycled in order, no shuffle
+
+
+def test_markers_hold_each_source_from_where_the_mix_resumes(tmp_path) -> None:
+    uris = _sources(tmp_path, seal=False)
+    ds = StreamDataset([Source(uris[0], take=8), Source(uris[1], take=2)], group="train",
+                       rank=0, world_size=1, shuffle_window=2, timeout=30, max_steps=3)
+    assert len(_steps(ds)) == 3
+    ds.commit_checkpoint(checkpoint_id="c3")
+    a, b = lakestream.open(uris[0]), lakestream.open(uris[1])
+    # Step 3 lies in the second window (steps 2-3): a from offset 16 (its step 2), b from
+    # offset 4 (its step 1).
+    assert [(m.step, m.checkpoint_id) for m in a.checkpoints("train")] == [(2, "c3")]
+    assert [(m.step, m.checkpoint_id) for m in b.checkpoints("train")] == [(1, "c3")]
+    a.retain(keep_last=1)
+    b.retain(keep_last=1)
+    again = StreamDataset([Source(uris[0], take=8), Source(uris[1], take=2)], group="train",
+                          rank=0, world_size=1, shuffle_window=2, timeout=30, max_steps=6)
+    again.load_state_dict(ds.state_dict())
+    assert [s for s, _ in _steps(again)] == [3, 4, 5]
+
+
+def test_a_source_added_on_resume_leaves_the_others_where_they_were(tmp_path) -> None:
+    uris = _sources(tmp_path, seal=False)
+    one = StreamDataset([Source(uris[0], take=8)], group=None, rank=0, world_size=1,
+                        timeout=30, max_steps=3)
+    assert [ids for _, ids in _steps(one)][-1] == list(range(16, 24))
+    two = StreamDataset([Source(uris[0], take=8), Source(uris[1], take=4)], group=None,
+                        rank=0, world_size=1, timeout=30, max_steps=5)
+    two.load_state_dict(one.state_dict())
+    got = _steps(two)
+    assert got == [(3, list(range(24, 32)) + [1000, 1001, 1002, 1003]),
+                   (4, list(range(32, 40)) + [1004, 1005, 1006, 1007])]
+
+
+def test_bad_mixes_are_refused_naming_the_source(tmp_path) -> None:
+    uris = _sources(tmp_path, seal=False)
+    with pytest.raises(ValueError, match=r"source 1 \(.*b\): cycle needs a sealed"):
+        StreamDataset([Source(uris[0], take=8), Source(uris[1], take=4, cycle=True)])
+    with pytest.raises(ValueError, match="epochs needs sealed sources"):
+        StreamDataset([Source(uris[0], take=8)], epochs=2)
+    with pytest.raises(ValueError, match="source 0 takes 8 samples per step"):
+        StreamDataset([Source(uris[0], take=8), Source(uris[1], take=4)], rank=0,
+                      world_size=8)
+    other = lakestream.create(str(tmp_path / "c"), pa.schema([("id", pa.string())]),
+                              global_batch_size=2)
+    with pytest.raises(ValueError, match="sources disagree on column 'id'"):
+        StreamDataset([Source(uris[0], take=8), Source(other.uri, take=2)])
+
+
+def test_a_binary_column_reads_back_byte_exact(tmp_path) -> None:
+    schema = pa.schema([("id", pa.int64()), ("image", pa.binary())])
+    s = lakestream.create(str(tmp_path / "s"), schema, global_batch_size=4)
+    blobs = [bytes([i]) * (i * 37) + bytes(range(256)) for i in range(8)]
+    s.append({"id": list(range(8)), "image": blobs})
+    s.seal()
+    ds = StreamDataset(s.uri, group=None, rank=0, world_size=1, shuffle_window=2, epochs=1)
+    got = {int(i): img for b in ds for i, img in zip(b["id"], b["image"], strict=True)}
+    assert got == dict(enumerate(blobs))
