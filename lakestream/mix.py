@@ -131,6 +131,11 @@ class MixPlan:
                 for s in self.sources if not s.cycle and s.sealed is not None]
         return min(ends) if ends else None
 
+    def ended(self, step: int) -> bool:
+        """Whether the mix ends before ``step``."""
+        end = self.num_steps
+        return end is not None and step >= end
+
     def check_world(self, world_size: int) -> None:
         """Raises ValueError unless every rank can take whole groups of every source."""
         for i, s in enumerate(self.sources):
@@ -247,20 +252,24 @@ class MixPlan:
         return [self._offsets(i, step, np.arange(s.take))[1]
                 for i, s in enumerate(self.sources)]
 
+    def cursor(self, step: int) -> list[int]:
+        """For each source, where a changed mix taking over at ``step`` resumes it: its
+        position, or for a live shuffled source the start of its window there (samples of
+        that window read before are read again rather than skipped)."""
+        out = []
+        for i, s in enumerate(self.sources):
+            p = self.position(i, step)
+            if self.shuffle_window is not None and not self._permutes_windows(i):
+                size = self._window(i)
+                p = s.start + (p - s.start) // size * size
+            out.append(p)
+        return out
+
     def hold_from(self, step: int) -> list[int]:
         """For each source, the lowest offset that a run resuming at ``step`` may read: what
         its checkpoint marker must keep from retention."""
-        out = []
-        for i, s in enumerate(self.sources):
-            if self._permutes_windows(i):
-                out.append(0)  # a later epoch reads the source again from the start
-            elif self.shuffle_window is not None:
-                size = self._window(i)
-                p = self.position(i, step)
-                out.append(s.start + (p - s.start) // size * size)
-            else:
-                out.append(self.position(i, step))
-        return out
+        return [0 if self._permutes_windows(i) else c  # a later epoch reads it all again
+                for i, c in enumerate(self.cursor(step))]
 
 
 def _runs(offsets: np.ndarray) -> list[tuple[int, int]]:

@@ -52,7 +52,11 @@ SNAPSHOT_DIR = "_lakestream/snapshots/"
 INDEX_DIR = "_lakestream/index/"
 HINT_KEY = "_lakestream/_last_snapshot"
 SNAPSHOT_FORMAT = 3
-_READABLE_FORMATS = (2, 3)
+SEALED_SNAPSHOT_FORMAT = 4
+"""Format 3 plus ``sealed_at``: a lakestream from before sealing must not read a sealed
+stream's manifest as open (it would commit appends that replay voids); it finds the
+format unreadable, falls back to the log, and stops at the seal entry by name."""
+_READABLE_FORMATS = (2, 3, 4)
 _CRC_LINE = b"\ncrc32:"
 # What decoding stored bytes can raise when they are damaged (pyarrow raises a bare OSError
 # for a torn Parquet footer). Decoding touches no store, so none of these is an outage;
@@ -83,7 +87,7 @@ def shrunk_key(key: str, reclaim: int) -> str:
 
 def _encode_manifest(state: ReplayState, segments: list[list[object]]) -> bytes:
     info = {
-        "format": SNAPSHOT_FORMAT,
+        "format": SNAPSHOT_FORMAT if state.sealed_at is None else SEALED_SNAPSHOT_FORMAT,
         "version": state.version,
         "next_offset": state.next_offset,
         "reclaimed_below": state.reclaimed_below,
@@ -160,7 +164,7 @@ def decode_snapshot(version: int, manifest: bytes, fetch: Callable[[str], bytes]
     key = snapshot_key(version)
     try:
         state, rows, fmt = _parse_manifest(version, manifest)
-        parts = _stored_parts(rows) if fmt == 3 else []
+        parts = _stored_parts(rows) if fmt >= 3 else []
     except _PARSE_ERRORS as e:
         raise CorruptLogError(f"snapshot {key} cannot be read: {e}") from None
     if fmt == 2:
@@ -282,7 +286,7 @@ def rebase(store: ObjectStore, state: ReplayState) -> bool:
         return True  # nothing a newer manifest would change
     try:
         _, rows, fmt = _parse_manifest(version, store.get(snapshot_key(version)))
-        stored = _stored_parts(rows) if fmt == 3 else None
+        stored = _stored_parts(rows) if fmt >= 3 else None
     except NotFoundError:
         return False  # not written yet: its writer may still be at it
     except _PARSE_ERRORS:

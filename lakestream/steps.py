@@ -38,6 +38,11 @@ def open_mix(sources: Sequence[Source], *, shuffle_window: int | None = None, se
         NotFoundError: a source's stream does not exist.
     """
     streams = [Stream.open(s.uri, storage_options=s.storage_options) for s in sources]
+    for s, st in zip(sources, streams, strict=True):
+        trimmed = st.state.reclaimed_below
+        if trimmed and (s.cycle or epochs is not None):
+            raise ValueError(f"{s.uri}: retention reclaimed its samples below offset "
+                             f"{trimmed}, and cycle or epochs read a source from its start")
     starts = list(starts) if starts is not None else [0] * len(sources)
     plans = [SourcePlan(s.take if s.take is not None else st.global_batch_size,
                         st.group_size, cycle=s.cycle, sealed=st.sealed_at, start=start)
@@ -93,8 +98,7 @@ class MixSteps:
 
     def ended(self, step: int) -> bool:
         """Whether the mix ends before ``step`` (a sealed, non-cycling source ran out)."""
-        end = self.plan.num_steps
-        return end is not None and step >= end
+        return self.plan.ended(step)
 
     def ready(self, step: int) -> bool:
         """Whether every source has committed what ``step`` reads (so every rank may)."""

@@ -13,10 +13,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata
 
 from lakestream.errors import IncompleteCheckpointError
 from lakestream.failpoints import failpoint
-from lakestream.loaders.dataset import StreamDataset, consumed_step
+from lakestream.loaders.dataset import StreamDataset, furthest_state
 from lakestream.store import open_filesystem
 
 METADATA = ".metadata"
@@ -107,7 +108,7 @@ def _storage(checkpoint_id: str, dataset: StreamDataset,
     return path, open_filesystem(path, storage_options)
 
 
-def _check_whole(reader: _Reader, checkpoint_id: str) -> None:
+def _check_whole(reader: _Reader, checkpoint_id: str) -> Metadata:
     """Reads the checkpoint's ``.metadata`` and checks that every file it names holds the
     bytes it lists (a writer that dropped a shard, or a save that died, fails here).
 
@@ -141,9 +142,10 @@ def _check_whole(reader: _Reader, checkpoint_id: str) -> None:
             raise IncompleteCheckpointError(
                 f"checkpoint {checkpoint_id}: {name} is {found}; resume from an earlier "
                 "checkpoint marker (Stream.checkpoints(group))")
+    return metadata
 
 
-def _checked_on_rank_zero(check: Callable[[], None]) -> None:
+def _checked_on_rank_zero(check: Callable[[], object]) -> None:
     """Runs ``check`` on rank 0 and raises what it raised on every rank."""
     distributed = dist.is_available() and dist.is_initialized()
     error: list[IncompleteCheckpointError | None] = [None]
@@ -188,8 +190,13 @@ def save_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     _checked_on_rank_zero(lambda: _check_whole(_Reader(path, fs), checkpoint_id))
-    step = ds.start_step if dataset is ds else consumed_step(dataset.state_dict(), ds.start_step)
-    return ds.commit_checkpoint(step=step, checkpoint_id=checkpoint_id)
+    if dataset is not ds:
+        # The trainer process's dataset has not seen what its workers consumed (nor a base
+        # they loaded): take both from the loader's state.
+        latest = furthest_state(dataset.state_dict())
+        if latest is not None:
+            ds.load_state_dict(latest)
+    return ds.commit_checkpoint(checkpoint_id=checkpoint_id)
 
 
 def load_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
@@ -203,9 +210,15 @@ def load_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
             it names is missing or short (a save that died midway).
     """
     path, fs = _storage(checkpoint_id, _dataset_of(dataset), storage_options)
-    reader = _Reader(path, fs)
-    _check_whole(reader, checkpoint_id)
-    dcp.load({**state, key: dataset}, storage_reader=_Reader(path, fs))
+    saved = _check_whole(_Reader(path, fs), checkpoint_id).state_dict_metadata
+    if isinstance(dataset, StreamDataset):
+        # DCP requires every key of the template: one saved by an earlier version has
+        # fewer (no "mix"), and the dataset takes what it finds.
+        template = {k: v for k, v in dataset.state_dict().items() if f"{key}.{k}" in saved}
+        dcp.load({**state, key: template}, storage_reader=_Reader(path, fs))
+        dataset.load_state_dict(template)
+    else:
+        dcp.load({**state, key: dataset}, storage_reader=_Reader(path, fs))
 
 
 def _dataset_of(loader: Any) -> StreamDataset:

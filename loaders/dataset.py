@@ -309,11 +309,14 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         state: dict[str, Any] = {"version": STATE_VERSION, "next_step": self.start_step,
                                  "group": self.group,
                                  "global_batch_size": self.global_batch_size}
+        # Always present (null for one stream in log order): DCP loads into the keys the
+        # fresh dataset's state has, and requires each of them in the checkpoint.
+        state["mix"] = json.dumps(None)
         if not self._plain:
             base_step, starts = self._base
             state["mix"] = json.dumps({**self._describe(), "base_step": base_step,
                                        "starts": starts,
-                                       "cursors": self.mix.plan.hold_from(self.start_step)})
+                                       "cursors": self.mix.plan.cursor(self.start_step)})
         info = get_worker_info()
         if info is not None:
             state.update(worker=info.id, num_workers=info.num_workers,
@@ -336,6 +339,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """
         saved = json.loads(state["mix"]) if "mix" in state else None
         step = int(state["next_step"])
+        base = self._base
         if saved is None:  # one stream, whole steps, in log order
             b = int(state["global_batch_size"])
             if not self._plain:
@@ -350,8 +354,15 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         elif {k: saved.get(k) for k in self._describe()} == self._describe():
             self._base = (int(saved["base_step"]), [int(x) for x in saved["starts"]])
         else:
+            if "worker_next_step" in state:
+                raise LakestreamError(
+                    f"the mix changed since this loader state was saved ({saved['sources']}); "
+                    "its DataLoader workers would each take over at their own step: resume "
+                    "with the mix it was saved with, or load the changed mix from the "
+                    "dataset's own state (StreamLoader, save_checkpoint)")
             self._rebase(saved, step)
-        self._mix = None  # planned again from the loaded base
+        if self._base != base:
+            self._mix = None  # planned again from the loaded base
         self.start_step = step
         info = get_worker_info()
         same_worker = info is not None and "worker_next_step" in state \
@@ -411,21 +422,26 @@ class _MixProgress:
 
     def __call__(self, step: int, policy_version: int | None) -> None:
         plan = self.dataset.mix.plan
+        # A shuffled step waits for its whole window: progress counts the window as taken,
+        # or producers held to max_lag_steps behind it could never complete it.
+        ahead = plan.needed(step) if plan.shuffle_window is not None \
+            and not plan.ended(step) else [0] * len(self.parts)
         for i, (part, stream) in enumerate(zip(self.parts, self.dataset.streams, strict=True)):
-            part(plan.position(i, step) // stream.global_batch_size, policy_version)
+            offset = max(plan.position(i, step), ahead[i])
+            part(offset // stream.global_batch_size, policy_version)
 
 
-def consumed_step(state: Any, default: int) -> int:
-    """The step a loader's state resumes at: the furthest ``next_step`` of the
-    ``StreamDataset`` states inside it (a ``StatefulDataLoader`` holds one per worker, each
-    as of the last batch it handed out; steps are consumed in order, so the furthest is
-    the resume point), or ``default`` if it holds none (a loader not started yet)."""
-    found: list[int] = []
+def furthest_state(state: Any) -> dict[str, Any] | None:
+    """The ``StreamDataset`` state inside a loader's state that resumes furthest (a
+    ``StatefulDataLoader`` holds one per worker, each as of the last batch it handed out;
+    steps are consumed in order, so the furthest is the resume point), or None if it holds
+    none (a loader not started yet)."""
+    found: list[dict[str, Any]] = []
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
             if STATE_KEYS <= node.keys():
-                found.append(int(node["next_step"]))
+                found.append(node)
                 return
             for value in node.values():
                 walk(value)
@@ -434,7 +450,7 @@ def consumed_step(state: Any, default: int) -> int:
                 walk(value)
 
     walk(state)
-    return max(found, default=default)
+    return max(found, key=lambda s: int(s["next_step"]), default=None)
 
 
 class StreamLoader:

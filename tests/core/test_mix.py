@@ -137,3 +137,11 @@ def test_a_world_that_splits_a_group_is_refused() -> None:
     plan.check_world(2)
     with pytest.raises(ValueError, match="source 1 takes 4 samples per step: world_size 4 "):
         plan.check_world(4)
+
+
+def test_a_changed_mix_resumes_a_cycling_source_at_its_position() -> None:
+    plan = MixPlan([SourcePlan(take=4, sealed=40), SourcePlan(take=2, cycle=True, sealed=6)])
+    assert plan.cursor(5) == [20, 10]  # position 10: the cycled source's second pass
+    assert plan.hold_from(5) == [20, 0]  # it holds all of itself
+    shuffled = MixPlan([SourcePlan(take=4)], shuffle_window=3)
+    assert shuffled.cursor(4) == shuffled.hold_from(4) == [12]  # its window's start

@@ -90,6 +90,9 @@ def test_snapshots_status_and_verify_know_the_seal(tmp_path) -> None:
     s.append(rows(0, 4))
     s.seal()  # version 2: a snapshot is written after it
     assert load_state(s.store, s.uri).sealed_at == 4
+    # A format a lakestream from before sealing cannot read as an open stream.
+    manifest = s.store.get("_lakestream/snapshots/" + f"{2:020d}.json")
+    assert json.loads(manifest.split(b"\ncrc32:")[0])["format"] == 4
     info = status(s)
     assert info["sealed_at"] == 4
     assert verify(s.store).problems == []

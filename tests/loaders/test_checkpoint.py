@@ -182,3 +182,16 @@ def test_a_checkpoint_its_writer_left_broken_is_refused_and_not_marked(
     assert _markers(s.uri, None) == []
     with pytest.raises(IncompleteCheckpointError, match=message):
         load_checkpoint({"model": torch.zeros(1000)}, str(ckpt), ds)
+
+
+def test_a_checkpoint_saved_by_an_earlier_version_still_loads(tmp_path) -> None:
+    """Its dataset state has no "mix" key; DCP requires every key of the template, so the
+    template is cut to what the checkpoint holds."""
+    import torch.distributed.checkpoint as dcp
+
+    s = _stream(str(tmp_path / "s"), None)
+    old = {"version": 1, "next_step": 3, "group": "train", "global_batch_size": B}
+    dcp.save({"model": torch.arange(3.0), "data": old}, checkpoint_id=str(tmp_path / "old"))
+    fresh, state = StreamDataset(s.uri, rank=0, world_size=1), {"model": torch.zeros(3)}
+    load_checkpoint(state, str(tmp_path / "old"), fresh)
+    assert fresh.start_step == 3 and state["model"].tolist() == [0.0, 1.0, 2.0]

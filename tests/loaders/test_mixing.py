@@ -195,3 +195,60 @@ def test_a_binary_column_reads_back_byte_exact(tmp_path) -> None:
     ds = StreamDataset(s.uri, group=None, rank=0, world_size=1, shuffle_window=2, epochs=1)
     got = {int(i): img for b in ds for i, img in zip(b["id"], b["image"], strict=True)}
     assert got == dict(enumerate(blobs))
+
+
+def test_a_changed_mix_is_not_rebased_per_worker(tmp_path) -> None:
+    """Each worker of a StatefulDataLoader holds its own step: rebasing there would give the
+    workers different bases (samples read twice, others never)."""
+    uris = _sources(tmp_path, seal=False)
+    one = StreamDataset([Source(uris[0], take=8)], group=None, rank=0, world_size=1)
+    state = {**one.state_dict(), "worker": 0, "num_workers": 2, "worker_next_step": 5}
+    two = StreamDataset([Source(uris[0], take=8), Source(uris[1], take=4)], group=None,
+                        rank=0, world_size=1)
+    with pytest.raises(lakestream.LakestreamError, match="workers would each take over"):
+        two.load_state_dict(state)
+
+
+def test_a_rebased_stream_checkpoints_and_resumes_where_it_was(tmp_path) -> None:
+    """A dataset over one stream that took over from a mix has a base: its DCP state keeps
+    it, so a resume reads on from its position, not from step x B."""
+    from lakestream.loaders import load_checkpoint, save_checkpoint
+
+    uris = _sources(tmp_path, seal=False)
+    mix = StreamDataset([Source(uris[0], take=4), Source(uris[1], take=4)], group="train",
+                        rank=0, world_size=1, max_steps=3)
+    assert len(_steps(mix)) == 3  # source a is at position 12
+    alone = StreamDataset(uris[0], group="train", rank=0, world_size=1, max_steps=5)
+    alone.load_state_dict(mix.state_dict())
+    assert _steps(alone, 1) == [(3, list(range(12, 20)))]
+    save_checkpoint({}, str(tmp_path / "ckpt"), alone)
+    again = StreamDataset(uris[0], group="train", rank=0, world_size=1, max_steps=5)
+    load_checkpoint({}, str(tmp_path / "ckpt"), again)
+    assert _steps(again) == [(4, list(range(20, 28)))]
+
+
+def test_progress_counts_a_shuffled_window_as_taken(tmp_path) -> None:
+    """Producers held to max_lag_steps behind the published progress must be able to
+    complete the window the reader waits for."""
+    from lakestream.progress import read_progress
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    s.append(rows(0, 16))  # two windows of 2 steps
+    ds = StreamDataset(s.uri, group="train", rank=0, world_size=1, shuffle_window=2,
+                       max_steps=1, progress_interval_s=0)
+    assert len(_steps(ds)) == 1
+    ds.publish_progress()
+    progress = read_progress(s.store, "train")
+    assert progress is not None and progress.step == 2  # the end of the first window
+
+
+def test_cycle_and_epochs_refuse_a_stream_retention_trimmed(tmp_path) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    s.append(rows(0, 8))
+    s.mark_checkpoint("train", 1)
+    s.retain(keep_last=1)
+    s.seal()
+    with pytest.raises(ValueError, match="reclaimed its samples below offset 4"):
+        StreamDataset([Source(s.uri, take=4, cycle=True)], group=None)
+    with pytest.raises(ValueError, match="reclaimed its samples below offset 4"):
+        StreamDataset(s.uri, group=None, epochs=2)
