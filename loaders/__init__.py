@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from lakestream.loaders.checkpoint import load_checkpoint, save_checkpoint
 from lakestream.loaders.collate import collate_table
-from lakestream.loaders.dataset import StreamDataset, StreamLoader
+from lakestream.loaders.dataset import StreamDataset
+from lakestream.loaders.loader import StreamLoader
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.reader import StepReader
 from lakestream.steps import Source

@@ -8,13 +8,12 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakestream.errors import LakestreamError, PermissionDeniedError
 from lakestream.loaders.collate import Collate, collate_table
 from lakestream.loaders.planning import resolve_rank, worker_steps
-from lakestream.loaders.publisher import JobProgress, ProgressPublisher, job_id
+from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader
 from lakestream.log import check_group
 from lakestream.steps import MixSteps, Source, open_mix
@@ -132,7 +131,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """Set by the trainer; published with progress so producers can stamp samples."""
         self._mix: MixSteps | None = None
         self._publisher: ProgressPublisher | None = None
-        self._progress: _MixProgress | None = None
+        self._progress: MixProgress | None = None
         self.last_reader: StepReader | None = None
         self._worker_next: int | None = None
         """In a DataLoader worker, the next step this worker reads (set by iterating it or by
@@ -260,11 +259,12 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             weakref.finalize(self, self._publisher.stop)
         self._publisher.update(self.start_step, self.policy_version)
 
-    def _job_progress(self) -> _MixProgress:
+    def _job_progress(self) -> MixProgress:
         assert self.group is not None
         if self._progress is None:
-            self._progress = _MixProgress(self, [JobProgress(s.store, self.group, self.job)
-                                                 for s in self.streams])
+            self._progress = MixProgress(lambda: self.mix,
+                                         [JobProgress(s.store, self.group, self.job)
+                                          for s in self.streams])
         return self._progress
 
     @property
@@ -413,24 +413,6 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         return versions[0]
 
 
-class _MixProgress:
-    """Publishes a mix's progress to each source: the step of that source's own stream the
-    mix has consumed up to (what its producers' ``max_lag_steps`` follows)."""
-
-    def __init__(self, dataset: StreamDataset, parts: list[JobProgress]) -> None:
-        self.dataset, self.parts = dataset, parts
-
-    def __call__(self, step: int, policy_version: int | None) -> None:
-        plan = self.dataset.mix.plan
-        # A shuffled step waits for its whole window: progress counts the window as taken,
-        # or producers held to max_lag_steps behind it could never complete it.
-        ahead = plan.needed(step) if plan.shuffle_window is not None \
-            and not plan.ended(step) else [0] * len(self.parts)
-        for i, (part, stream) in enumerate(zip(self.parts, self.dataset.streams, strict=True)):
-            offset = max(plan.position(i, step), ahead[i])
-            part(offset // stream.global_batch_size, policy_version)
-
-
 def furthest_state(state: Any) -> dict[str, Any] | None:
     """The ``StreamDataset`` state inside a loader's state that resumes furthest (a
     ``StatefulDataLoader`` holds one per worker, each as of the last batch it handed out;
@@ -451,37 +433,3 @@ def furthest_state(state: Any) -> dict[str, Any] | None:
 
     walk(state)
     return max(found, key=lambda s: int(s["next_step"]), default=None)
-
-
-class StreamLoader:
-    """A DataLoader over a StreamDataset that notes each step it yields in the trainer
-    process. What that adds over ``DataLoader`` or torchdata's ``StatefulDataLoader``, which
-    never run the dataset's code in the trainer process when ``num_workers > 0``: rank 0
-    publishes the group's progress as steps are consumed, with the trainer's
-    ``policy_version`` (what producers' ``max_lag_steps`` reads), and the dataset's own
-    ``state_dict()`` is the resume point. Workers start with ``spawn`` (the S3 client cannot
-    run after fork). Accepts DataLoader's arguments."""
-
-    def __init__(self, dataset: StreamDataset, num_workers: int = 0, **kwargs: Any) -> None:
-        self.dataset = dataset
-        kwargs.setdefault("batch_size", None)
-        if num_workers:
-            kwargs.setdefault("multiprocessing_context", "spawn")
-            kwargs.setdefault("persistent_workers", False)
-        self.loader = torch.utils.data.DataLoader(dataset, num_workers=num_workers, **kwargs)
-
-    def __iter__(self) -> Iterator[Any]:
-        try:
-            for batch in self.loader:
-                step = batch.get(self.dataset.step_key) if isinstance(batch, dict) else None
-                if step is not None:
-                    self.dataset.record_step(int(step))
-                yield batch
-        finally:
-            self.dataset.close()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.dataset.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.dataset.load_state_dict(state)

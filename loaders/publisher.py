@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from lakestream.errors import LakestreamError
 from lakestream.progress import publish_progress, read_progress
+from lakestream.steps import MixSteps
 from lakestream.store.base import ObjectStore
 
 log = logging.getLogger("lakestream")
@@ -140,3 +141,22 @@ class JobProgress:
                     self.group, current.job, current.step, self.job, step, self.conflicts)
         publish_progress(self.store, self.group, step, policy_version, self.job)
         self._published = True
+
+
+class MixProgress:
+    """Publishes a mix's progress to each source: the step of that source's own stream the
+    mix has consumed up to (what its producers' ``max_lag_steps`` follows)."""
+
+    def __init__(self, mix: Callable[[], MixSteps], parts: list[JobProgress]) -> None:
+        self.mix, self.parts = mix, parts
+
+    def __call__(self, step: int, policy_version: int | None) -> None:
+        steps = self.mix()
+        plan = steps.plan
+        # A shuffled step waits for its whole window: progress counts the window as taken,
+        # or producers held to max_lag_steps behind it could never complete it.
+        ahead = plan.needed(step) if plan.shuffle_window is not None \
+            and not plan.ended(step) else [0] * len(self.parts)
+        for i, (part, stream) in enumerate(zip(self.parts, steps.streams, strict=True)):
+            offset = max(plan.position(i, step), ahead[i])
+            part(offset // stream.global_batch_size, policy_version)

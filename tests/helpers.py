@@ -94,3 +94,13 @@ class HookedStore:
     def list(self, prefix: str) -> Any:
         self.hook("list", prefix, "before")
         return self.inner.list(prefix)
+
+
+def step_ids(loader: Any, n: int | None = None) -> list[tuple[int, list[int]]]:
+    """``(step, ids)`` of each batch ``loader`` yields (the first ``n`` if given)."""
+    got = []
+    for batch in loader:
+        got.append((int(batch["step"]), [int(x) for x in batch["id"]]))
+        if n is not None and len(got) == n:
+            break
+    return got

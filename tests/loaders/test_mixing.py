@@ -13,7 +13,7 @@ import pytest
 import lakestream
 from lakestream.errors import StepNotAvailableError
 from lakestream.loaders import Source, StreamDataset, StreamLoader
-from tests.helpers import SCHEMA, rows
+from tests.helpers import SCHEMA, rows, step_ids
 
 A_TAKE, B_TAKE = 8, 4
 A_SIZE, B_SIZE = 64, 32  # 8 steps per epoch from each
@@ -40,22 +40,13 @@ def _mix(uris: tuple[str, str], rank: int = 0, world: int = 1, **kwargs: Any) ->
                          rank=rank, world_size=world, group=None, timeout=30, **kwargs)
 
 
-def _steps(loader: Any, n: int | None = None) -> list[tuple[int, list[int]]]:
-    got = []
-    for batch in loader:
-        got.append((int(batch["step"]), [int(x) for x in batch["id"]]))
-        if n is not None and len(got) == n:
-            break
-    return got
-
-
 def _split(ids: list[int]) -> tuple[list[int], list[int]]:
     return [x for x in ids if x < 1000], [x for x in ids if x >= 1000]
 
 
 def test_every_rank_reads_its_share_and_each_sample_comes_once_per_epoch(tmp_path) -> None:
     uris = _sources(tmp_path)
-    whole = _steps(_mix(uris))
+    whole = step_ids(_mix(uris))
     assert [s for s, _ in whole] == list(range(16))
     for epoch in range(2):
         part = [ids for s, ids in whole if s // 8 == epoch]
@@ -70,7 +61,7 @@ def test_every_rank_reads_its_share_and_each_sample_comes_once_per_epoch(tmp_pat
     assert first != second  # each epoch in a fresh order
     assert [x for ids in first for x in ids] != sorted(x for ids in first for x in ids)
     for world in (2, 4):
-        per_rank = [_steps(_mix(uris, r, world)) for r in range(world)]
+        per_rank = [step_ids(_mix(uris, r, world)) for r in range(world)]
         for step, ids in whole:
             a, b = _split(ids)
             for r in range(world):
@@ -84,16 +75,16 @@ def test_every_rank_reads_its_share_and_each_sample_comes_once_per_epoch(tmp_pat
 def test_resume_mid_window_and_mid_epoch_equals_the_uninterrupted_run(
         tmp_path, at: int, world: int, workers: int) -> None:
     uris = _sources(tmp_path)
-    whole = _steps(_mix(uris))
+    whole = step_ids(_mix(uris))
     first = _mix(uris, 0, 2)
-    head = _steps(first, at)
+    head = step_ids(first, at)
     assert [s for s, _ in head] == list(range(at))
     state = first.state_dict()
     assert state["next_step"] == at
     for rank in range(world):
         ds = _mix(uris, rank, world)
         ds.load_state_dict(state)
-        tail = _steps(StreamLoader(ds, num_workers=workers))
+        tail = step_ids(StreamLoader(ds, num_workers=workers))
         assert [s for s, _ in tail] == list(range(at, 16))
         for (_, ids), (_, mine) in zip(whole[at:], tail, strict=True):
             a, b = _split(ids)
@@ -130,11 +121,11 @@ def test_a_mix_ends_where_a_sealed_source_runs_out(tmp_path) -> None:
     lakestream.open(uris[1]).seal()  # 32 samples: 8 steps of 4
     ds = StreamDataset([Source(uris[0], take=4), Source(uris[1], take=4)], group=None,
                        rank=0, world_size=1, timeout=30)
-    got = _steps(ds)
+    got = step_ids(ds)
     assert [s for s, _ in got] == list(range(8))  # source a still has samples: no matter
     cycled = StreamDataset([Source(uris[0], take=4), Source(uris[1], take=8, cycle=True)],
                            group=None, rank=0, world_size=1, timeout=0.3, max_steps=17)
-    got = _steps(cycled, 16)  # a (64 samples, live) runs out of committed data at step 16
+    got = step_ids(cycled, 16)  # a (64 samples, live) runs out of committed data at step 16
     b = [x for _, ids in got for x in _split(ids)[1]]
     assert b == list(range(1000, 1032)) * 4  # cycled in order, no shuffle
 
@@ -143,7 +134,7 @@ def test_markers_hold_each_source_from_where_the_mix_resumes(tmp_path) -> None:
     uris = _sources(tmp_path, seal=False)
     ds = StreamDataset([Source(uris[0], take=8), Source(uris[1], take=2)], group="train",
                        rank=0, world_size=1, shuffle_window=2, timeout=30, max_steps=3)
-    assert len(_steps(ds)) == 3
+    assert len(step_ids(ds)) == 3
     ds.commit_checkpoint(checkpoint_id="c3")
     a, b = lakestream.open(uris[0]), lakestream.open(uris[1])
     # Step 3 lies in the second window (steps 2-3): a from offset 16 (its step 2), b from
@@ -155,18 +146,18 @@ def test_markers_hold_each_source_from_where_the_mix_resumes(tmp_path) -> None:
     again = StreamDataset([Source(uris[0], take=8), Source(uris[1], take=2)], group="train",
                           rank=0, world_size=1, shuffle_window=2, timeout=30, max_steps=6)
     again.load_state_dict(ds.state_dict())
-    assert [s for s, _ in _steps(again)] == [3, 4, 5]
+    assert [s for s, _ in step_ids(again)] == [3, 4, 5]
 
 
 def test_a_source_added_on_resume_leaves_the_others_where_they_were(tmp_path) -> None:
     uris = _sources(tmp_path, seal=False)
     one = StreamDataset([Source(uris[0], take=8)], group=None, rank=0, world_size=1,
                         timeout=30, max_steps=3)
-    assert [ids for _, ids in _steps(one)][-1] == list(range(16, 24))
+    assert [ids for _, ids in step_ids(one)][-1] == list(range(16, 24))
     two = StreamDataset([Source(uris[0], take=8), Source(uris[1], take=4)], group=None,
                         rank=0, world_size=1, timeout=30, max_steps=5)
     two.load_state_dict(one.state_dict())
-    got = _steps(two)
+    got = step_ids(two)
     assert got == [(3, list(range(24, 32)) + [1000, 1001, 1002, 1003]),
                    (4, list(range(32, 40)) + [1004, 1005, 1006, 1007])]
 
@@ -217,14 +208,14 @@ def test_a_rebased_stream_checkpoints_and_resumes_where_it_was(tmp_path) -> None
     uris = _sources(tmp_path, seal=False)
     mix = StreamDataset([Source(uris[0], take=4), Source(uris[1], take=4)], group="train",
                         rank=0, world_size=1, max_steps=3)
-    assert len(_steps(mix)) == 3  # source a is at position 12
+    assert len(step_ids(mix)) == 3  # source a is at position 12
     alone = StreamDataset(uris[0], group="train", rank=0, world_size=1, max_steps=5)
     alone.load_state_dict(mix.state_dict())
-    assert _steps(alone, 1) == [(3, list(range(12, 20)))]
+    assert step_ids(alone, 1) == [(3, list(range(12, 20)))]
     save_checkpoint({}, str(tmp_path / "ckpt"), alone)
     again = StreamDataset(uris[0], group="train", rank=0, world_size=1, max_steps=5)
     load_checkpoint({}, str(tmp_path / "ckpt"), again)
-    assert _steps(again) == [(4, list(range(20, 28)))]
+    assert step_ids(again) == [(4, list(range(20, 28)))]
 
 
 def test_progress_counts_a_shuffled_window_as_taken(tmp_path) -> None:
@@ -236,7 +227,7 @@ def test_progress_counts_a_shuffled_window_as_taken(tmp_path) -> None:
     s.append(rows(0, 16))  # two windows of 2 steps
     ds = StreamDataset(s.uri, group="train", rank=0, world_size=1, shuffle_window=2,
                        max_steps=1, progress_interval_s=0)
-    assert len(_steps(ds)) == 1
+    assert len(step_ids(ds)) == 1
     ds.publish_progress()
     progress = read_progress(s.store, "train")
     assert progress is not None and progress.step == 2  # the end of the first window

@@ -12,7 +12,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lakestream
 from lakestream.loaders import StreamDataset, load_checkpoint, save_checkpoint
-from tests.helpers import SCHEMA, ids, rows
+from tests.helpers import SCHEMA, ids, rows, step_ids
 
 B, STEPS, WORKERS = 8, 9, 2
 
@@ -31,15 +31,6 @@ def _loader(uri: str, rank: int, world: int) -> StatefulDataLoader:
                               multiprocessing_context="spawn", prefetch_factor=2)
 
 
-def _take(it: Any, n: int | None = None) -> list[tuple[int, list[int]]]:
-    got = []
-    for batch in it:
-        got.append((int(batch["step"]), [int(x) for x in batch["id"]]))
-        if n is not None and len(got) == n:
-            break
-    return got
-
-
 def _expected(s: lakestream.Stream, rank: int, world: int, start: int) -> list[Any]:
     return [(k, ids(s.read_step(k, rank, world))) for k in range(start, STEPS)]
 
@@ -53,15 +44,15 @@ def test_resume_equals_the_uninterrupted_run(tmp_path, before: int, after: int,
     for rank in range(before):
         loader = _loader(s.uri, rank, before)
         it = iter(loader)
-        assert _take(it, k) == _expected(s, rank, before, 0)[:k]
+        assert step_ids(it, k) == _expected(s, rank, before, 0)[:k]
         states.append(loader.state_dict())
         # The same loader, uninterrupted: the rest of the run.
-        assert _take(it) == _expected(s, rank, before, k)
+        assert step_ids(it) == _expected(s, rank, before, k)
     for rank in range(after):
         resumed = _loader(s.uri, rank, after)
         # Every rank of a run saved the same steps; a new world takes any rank's state.
         resumed.load_state_dict(states[rank % before])
-        assert _take(resumed) == _expected(s, rank, after, k)
+        assert step_ids(resumed) == _expected(s, rank, after, k)
 
 
 def test_a_state_taken_before_the_workers_yield_resumes_at_the_start(tmp_path) -> None:
@@ -72,14 +63,14 @@ def test_a_state_taken_before_the_workers_yield_resumes_at_the_start(tmp_path) -
     del it
     resumed = _loader(s.uri, 0, 1)
     resumed.load_state_dict(state)
-    assert _take(resumed) == _expected(s, 0, 1, 0)
+    assert step_ids(resumed) == _expected(s, 0, 1, 0)
 
 
 def test_save_checkpoint_takes_the_loader_and_marks_where_it_resumes(tmp_path) -> None:
     s = _stream(str(tmp_path / "s"))
     loader = _loader(s.uri, 0, 1)
     it = iter(loader)
-    _take(it, 5)  # the workers have prefetched beyond step 4
+    step_ids(it, 5)  # the workers have prefetched beyond step 4
     ckpt = str(tmp_path / "ckpt")
     save_checkpoint({"model": torch.arange(4.0)}, ckpt, loader)
     assert [(m.step, m.checkpoint_id) for m in lakestream.open(s.uri).checkpoints("train")] \
@@ -88,4 +79,4 @@ def test_save_checkpoint_takes_the_loader_and_marks_where_it_resumes(tmp_path) -
     resumed, state = _loader(s.uri, 0, 1), {"model": torch.zeros(4)}
     load_checkpoint(state, ckpt, resumed)
     assert state["model"].tolist() == [0.0, 1.0, 2.0, 3.0]
-    assert _take(resumed) == _expected(s, 0, 1, 5)
+    assert step_ids(resumed) == _expected(s, 0, 1, 5)

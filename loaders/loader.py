@@ -1,0 +1,44 @@
+"""StreamLoader: a DataLoader that notes, in the trainer process, each step it yields."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from lakestream.loaders.dataset import StreamDataset
+
+
+class StreamLoader:
+    """A DataLoader over a StreamDataset that notes each step it yields in the trainer
+    process. What that adds over ``DataLoader`` or torchdata's ``StatefulDataLoader``, which
+    never run the dataset's code in the trainer process when ``num_workers > 0``: rank 0
+    publishes the group's progress as steps are consumed, with the trainer's
+    ``policy_version`` (what producers' ``max_lag_steps`` reads), and the dataset's own
+    ``state_dict()`` is the resume point. Workers start with ``spawn`` (the S3 client cannot
+    run after fork). Accepts DataLoader's arguments."""
+
+    def __init__(self, dataset: StreamDataset, num_workers: int = 0, **kwargs: Any) -> None:
+        self.dataset = dataset
+        kwargs.setdefault("batch_size", None)
+        if num_workers:
+            kwargs.setdefault("multiprocessing_context", "spawn")
+            kwargs.setdefault("persistent_workers", False)
+        self.loader = torch.utils.data.DataLoader(dataset, num_workers=num_workers, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for batch in self.loader:
+                step = batch.get(self.dataset.step_key) if isinstance(batch, dict) else None
+                if step is not None:
+                    self.dataset.record_step(int(step))
+                yield batch
+        finally:
+            self.dataset.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)
