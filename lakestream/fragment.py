@@ -84,10 +84,14 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
 
 class FragmentCache:
     """Decoded fragments, least recently used first out, bounded in bytes, shared by the
-    threads of a reader: a fragment that several of them ask for at once is decoded once."""
+    threads of a reader: a fragment that several of them ask for at once is decoded once.
+    ``advance(g)`` drops what was last used before generation ``g - 1`` (a shuffled reader's
+    windows: once the next window is read, the one before the current is done with)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
+        self._generation = 0
+        self._used: dict[tuple[str, str], int] = {}
         self._tables: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
         self._loading: dict[tuple[str, str], Future[pa.Table]] = {}
         self._bytes = 0
@@ -101,6 +105,7 @@ class FragmentCache:
             table = self._tables.get(key)
             if table is not None:
                 self._tables.move_to_end(key)
+                self._used[key] = self._generation
                 return table
             pending = self._loading.get(key)
             if pending is None:
@@ -121,12 +126,25 @@ class FragmentCache:
             del self._loading[key]
             self.decoded += 1
             self._tables[key] = table
+            self._used[key] = self._generation
             self._bytes += table.nbytes
             while self._bytes > self.max_bytes and len(self._tables) > 1:
-                _, old = self._tables.popitem(last=False)
+                gone, old = self._tables.popitem(last=False)
+                del self._used[gone]
                 self._bytes -= old.nbytes
         pending.set_result(table)
         return table
+
+    def advance(self, generation: int) -> None:
+        """Enters ``generation`` (if later) and drops the tables last used before the one
+        before it."""
+        with self._lock:
+            if generation <= self._generation:
+                return
+            self._generation = generation
+            for key in [k for k, g in self._used.items() if g < generation - 1]:
+                del self._used[key]
+                self._bytes -= self._tables.pop(key).nbytes
 
 
 class FragmentReader:

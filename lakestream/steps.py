@@ -124,10 +124,14 @@ class MixSteps:
         Raises:
             StepNotAvailableError: a source has not committed them yet, or reclaimed them.
         """
+        plan = self.plan
+        if self._cache is not None and plan.shuffle_window is not None:
+            # Windows are read one after another: keep the current one and the one before.
+            self._cache.advance((step - plan.base_step) // plan.shuffle_window)
         what = f"step {step}" if len(self.streams) == 1 else f"step {step} of the mix"
         parts = [stream.read_offsets(spans, columns, what=what, cache=self._cache)
                  for stream, spans in zip(self.streams,
-                                          self.plan.rank_spans(step, rank, world_size),
+                                          plan.rank_spans(step, rank, world_size),
                                           strict=True) if spans]
         if len(parts) == 1:
             return parts[0]

@@ -53,7 +53,6 @@ from lakestream.schema import conform, validate_schema
 from lakestream.snapshot import load_state, rebase, replay_log, write_snapshot
 from lakestream.store import ObjectStore, open_store
 from lakestream.tail import entry_or_none, read_tail
-from lakestream.threads import shared_pool
 from lakestream.transaction import (
     DEFAULT_POST_COMMIT,
     Build,
@@ -498,7 +497,7 @@ class Stream:
         """The samples at offsets ``[lo, hi)`` of each span, in the order given (a mixed or
         shuffled step's rows). A fragment that several spans touch is read once; with a
         ``cache``, each fragment is read whole, once while the cache keeps it (a shuffled
-        window's steps share their fragments), those missing decoded in parallel.
+        window's steps share their fragments).
 
         Raises:
             StepNotAvailableError: an offset is not committed yet, or was reclaimed.
@@ -534,8 +533,9 @@ class Stream:
                 return cache.fetch((f.path, kind), lambda: self._reader.read(
                     f.path, f.size, 0, f.rows, columns, crc32=f.crc32))
 
-            futures = {i: shared_pool().submit(whole, fragments[i]) for i in reach}
-            tables = {i: fut.result() for i, fut in futures.items()}
+            # Decoded in this thread: handing them to the shared pool cost more CPU
+            # (bench/mixing.py); the reader's own threads already fill the cores.
+            tables = {i: whole(fragments[i]) for i in reach}
             reach = {i: (0, fragments[i].rows) for i in reach}
         parts = [tables[r.index].slice(r.start - reach[r.index][0], r.stop - r.start)
                  for plan in plans for r in plan]

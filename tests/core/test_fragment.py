@@ -58,3 +58,35 @@ def test_a_small_fragment_is_checked_by_its_crc_alone(tmp_path) -> None:
     assert _read(tmp_path / "unchecked", damaged, crc32=-1).num_rows == 4  # no page checksum
     with pytest.raises(CorruptLogError, match="CRC-32"):
         _read(tmp_path / "checked", damaged, crc32=zlib.crc32(body))
+
+
+def test_the_fragment_cache_decodes_once_and_keeps_two_windows() -> None:
+    import threading
+
+    import pyarrow as pa
+
+    from lakestream.fragment import FragmentCache
+
+    cache = FragmentCache(max_bytes=1 << 30)
+    loads: list[str] = []
+    gate = threading.Event()
+
+    def load(name: str) -> pa.Table:
+        loads.append(name)
+        gate.wait(5)
+        return pa.table({"x": [1, 2, 3]})
+
+    threads = [threading.Thread(target=cache.fetch, args=(("a", "*"), lambda: load("a")))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    gate.set()
+    for t in threads:
+        t.join()
+    assert loads == ["a"] and cache.decoded == 1  # four readers, one decode
+    cache.advance(1)
+    cache.fetch(("b", "*"), lambda: load("b"))
+    cache.advance(2)  # "a" was last used in generation 0: done with
+    cache.fetch(("a", "*"), lambda: load("a"))
+    cache.fetch(("b", "*"), lambda: load("b"))  # used in generation 1: kept
+    assert loads == ["a", "b", "a"]
