@@ -167,6 +167,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             self._mix = open_mix(self.sources, shuffle_window=self.shuffle_window,
                                  seed=self.seed, epochs=self.epochs, base_step=base_step,
                                  starts=starts)
+            if self._progress is not None:
+                self._progress.steps = self._mix
         return self._mix
 
     @property
@@ -262,9 +264,10 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     def _job_progress(self) -> MixProgress:
         assert self.group is not None
         if self._progress is None:
-            self._progress = MixProgress(lambda: self.mix,
-                                         [JobProgress(s.store, self.group, self.job)
-                                          for s in self.streams])
+            # The steps, not the dataset: the publisher thread must not keep the dataset alive
+            # (a dataset dropped without close() stops it through a finalizer).
+            self._progress = MixProgress(self.mix, [JobProgress(s.store, self.group, self.job)
+                                                    for s in self.streams])
         return self._progress
 
     @property

@@ -147,11 +147,12 @@ class MixProgress:
     """Publishes a mix's progress to each source: the step of that source's own stream the
     mix has consumed up to (what its producers' ``max_lag_steps`` follows)."""
 
-    def __init__(self, mix: Callable[[], MixSteps], parts: list[JobProgress]) -> None:
-        self.mix, self.parts = mix, parts
+    def __init__(self, steps: MixSteps, parts: list[JobProgress]) -> None:
+        self.steps, self.parts = steps, parts
+        """The dataset's current steps (it replaces them when it plans again)."""
 
     def __call__(self, step: int, policy_version: int | None) -> None:
-        steps = self.mix()
+        steps = self.steps
         plan = steps.plan
         # A shuffled step waits for its whole window: progress counts the window as taken,
         # or producers held to max_lag_steps behind it could never complete it.

@@ -226,3 +226,18 @@ def test_a_column_named_step_is_not_overwritten(tmp_path) -> None:
     (batch,) = StreamDataset(s.uri, max_steps=1, step_key="lakestream_step")
     assert batch["step"].tolist() == [70, 71] and batch["lakestream_step"] == 0
     assert s.refresh() == version + 1  # the group "train" registered; nothing else
+
+
+def test_a_dataset_dropped_without_close_stops_its_publisher(tmp_path) -> None:
+    """Nothing the publisher thread holds may keep the dataset alive, or the finalizer that
+    stops the thread would wait for the process to exit."""
+    import gc
+
+    s = _stream(str(tmp_path / "s"), 2)
+    ds = StreamDataset(s.uri, rank=0, world_size=1, progress_interval_s=0.01)
+    ds.record_step(0)  # as a loader over workers does: no iteration here to close it
+    publisher = ds._publisher
+    assert publisher is not None and publisher.running
+    del ds
+    gc.collect()
+    assert not publisher.running
