@@ -6,7 +6,7 @@ import threading
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -14,7 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
+from lakestream.index import Fragment
 from lakestream.log import DATA_DIR
+from lakestream.plan import plan_rows
 from lakestream.store.base import ObjectStore
 
 ROW_GROUP_TARGET_BYTES = 1 << 20
@@ -199,3 +201,33 @@ class FragmentReader:
         except (OSError, pa.ArrowInvalid, ValueError) as e:
             raise CorruptLogError(f"fragment {path} cannot be read: {e}") from None
         return table.slice(start - first, stop - start)
+
+
+def read_spans(reader: FragmentReader, fragments: Sequence[Fragment],
+               spans: Sequence[tuple[int, int]], columns: list[str] | None,
+               cache: FragmentCache | None = None) -> list[pa.Table]:
+    """The rows at offsets ``[lo, hi)`` of each span, as slices in the order given, from
+    ``fragments`` (contiguous, in offset order, covering every span). A fragment that several
+    spans touch is read once, over the rows they need; with a ``cache``, read whole, once
+    while the cache keeps it, in this thread (on a shared pool it cost more CPU:
+    ``bench/mixing.py``; the caller's reader threads already fill the cores)."""
+    plans = [plan_rows(fragments, a, b) for a, b in spans]
+    reach: dict[int, tuple[int, int]] = {}
+    for r in (r for plan in plans for r in plan):
+        start, stop = reach.get(r.index, (r.start, r.stop))
+        reach[r.index] = (min(start, r.start), max(stop, r.stop))
+    if cache is None:
+        tables = {i: reader.read(fragments[i].path, fragments[i].size, start, stop, columns,
+                                 crc32=fragments[i].crc32)
+                  for i, (start, stop) in reach.items()}
+    else:
+        kind = ",".join(columns) if columns is not None else "*"
+
+        def whole(f: Fragment) -> pa.Table:
+            return cache.fetch((f.path, kind), lambda: reader.read(
+                f.path, f.size, 0, f.rows, columns, crc32=f.crc32))
+
+        tables = {i: whole(fragments[i]) for i in reach}
+        reach = {i: (0, fragments[i].rows) for i in reach}
+    return [tables[r.index].slice(r.start - reach[r.index][0], r.stop - r.start)
+            for plan in plans for r in plan]

@@ -22,6 +22,7 @@ from lakestream.fragment import (
     encode_fragment,
     fragment_key,
     put_fragment,
+    read_spans,
 )
 from lakestream.head import shared_head
 from lakestream.index import Fragment, SegmentError
@@ -39,7 +40,7 @@ from lakestream.log import (
     encode_entry,
     log_key,
 )
-from lakestream.plan import check_world, plan_rows, slice_offsets
+from lakestream.plan import check_world, slice_offsets
 from lakestream.replay import Marker, ReplayState, refuse_if_sealed
 from lakestream.retention import (
     GcReport,
@@ -517,28 +518,7 @@ class Stream:
             unknown = [c for c in columns if c not in self.schema.names]
             if unknown:
                 raise ValueError(f"unknown columns {unknown}; the stream has {self.schema.names}")
-        plans = [plan_rows(fragments, a, b) for a, b in spans]
-        reach: dict[int, tuple[int, int]] = {}
-        for r in (r for plan in plans for r in plan):
-            start, stop = reach.get(r.index, (r.start, r.stop))
-            reach[r.index] = (min(start, r.start), max(stop, r.stop))
-        if cache is None:
-            tables = {i: self._reader.read(fragments[i].path, fragments[i].size, start, stop,
-                                           columns, crc32=fragments[i].crc32)
-                      for i, (start, stop) in reach.items()}
-        else:
-            kind = ",".join(columns) if columns is not None else "*"
-
-            def whole(f: Fragment) -> pa.Table:
-                return cache.fetch((f.path, kind), lambda: self._reader.read(
-                    f.path, f.size, 0, f.rows, columns, crc32=f.crc32))
-
-            # Decoded in this thread: handing them to the shared pool cost more CPU
-            # (bench/mixing.py); the reader's own threads already fill the cores.
-            tables = {i: whole(fragments[i]) for i in reach}
-            reach = {i: (0, fragments[i].rows) for i in reach}
-        parts = [tables[r.index].slice(r.start - reach[r.index][0], r.stop - r.start)
-                 for plan in plans for r in plan]
+        parts = read_spans(self._reader, fragments, spans, columns, cache)
         schema = self.schema if columns is None else pa.schema(
             [self.schema.field(c) for c in columns])
         return pa.concat_tables(parts) if parts else schema.empty_table()
