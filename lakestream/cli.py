@@ -1,9 +1,11 @@
-"""The ``lakestream`` command: create, status, group, tail, verify, retain, gc, demo."""
+"""The ``lakestream`` command: create, status, group, tail, lineage, verify, retain, gc,
+demo."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import re
 import sys
@@ -14,6 +16,7 @@ import pyarrow as pa
 
 from lakestream import __version__
 from lakestream.errors import LakestreamError
+from lakestream.lineage import SampleLineage, StepLineage
 from lakestream.log import check_group
 from lakestream.progress import delete_progress, progress_exists, read_progress
 from lakestream.status import groups, print_groups, print_status, removal_effect, status
@@ -129,9 +132,55 @@ def tail(stream: Stream, interval: float, count: int, group: str, as_json: bool)
               f"{'-' if lag is None else lag} | {producers}", flush=True)
 
 
+def _policy(samples: list[SampleLineage]) -> str:
+    """The policy versions of ``samples``: one value, ``low..high``, or ``-`` if none."""
+    values = [v for x in samples for v in (x.policy_version, x.policy_version_min,
+                                           x.policy_version_max) if v is not None]
+    if not values:
+        return "-"
+    try:
+        low, high = min(values), max(values)
+    except TypeError:  # values without an order (structs): list the distinct ones
+        return ",".join(sorted({str(v) for v in values}))
+    return str(low) if low == high else f"{low}..{high}"
+
+
+def lineage_text(lin: StepLineage) -> str:
+    """``lakestream lineage``'s table: a line per run of samples from one fragment, then the
+    markers that replay the step."""
+    lo, hi = lin.offsets
+    lines = [f"step {lin.step} of {lin.uri}: offsets [{lo}, {hi}), as of version {lin.version}"]
+    if lin.reclaimed:
+        lines.append("reclaimed by retention: its samples are gone and no marker replays it")
+        return "\n".join(lines)
+    lines.append(f"  {'offsets':<17} {'samples':>7}  {'producer':<16} {'epoch':>5} {'seq':>6} "
+                 f"{'version':>7}  {'policy':<9} fragment")
+    for path, run in itertools.groupby(lin.samples, key=lambda x: x.path):
+        xs = list(run)
+        x = xs[0]
+        span = f"[{x.offset}, {xs[-1].offset + 1})"
+        producer = "(append)" if x.producer is None and x.epoch is not None else \
+            x.producer or "?"
+        lines.append(f"  {span:<17} {len(xs):>7}  {producer:<16} {_dash(x.epoch):>5} "
+                     f"{_dash(x.seq):>6} {x.version:>7}  {_policy(xs):<9} {path}")
+    if lin.markers:
+        lines.append(f"markers that replay it (resume at or before step {lin.step}):")
+        lines += [f"  {m.group:<16} step {m.step:<8} checkpoint {m.checkpoint_id or '-'} "
+                  f"(version {m.version})" for m in lin.markers]
+    else:
+        lines.append(f"no checkpoint marker at or before step {lin.step}: no group can resume "
+                     "from one and replay it")
+    return "\n".join(lines)
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
 DESCRIPTION = """The lakestream command: create a stream, show its state and its consumer
-groups, follow it live, verify it, reclaim and delete what no checkpoint needs, run the
-demo. Every command that prints results takes --json."""
+groups, follow it live, trace a step to the producers and checkpoints behind it, verify it,
+reclaim and delete what no checkpoint needs, run the demo. Every command that prints results
+takes --json."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -164,6 +213,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds between lines (positive)")
     p.add_argument("--count", type=int, default=0, help="stop after this many lines (0: never)")
     p.add_argument("--group", default="train", help="the consumer group whose lag is shown")
+    p = sub.add_parser("lineage", help="which producers, fragments, policy versions and "
+                       "checkpoint markers are behind a step")
+    p.add_argument("uri")
+    p.add_argument("--step", type=int, required=True, help="the global batch to trace")
     p = sub.add_parser("verify", help="read and check every log entry, snapshot and fragment")
     p.add_argument("uri")
     sub.add_parser("demo", help="run producers and a trainer on a local stream (needs torch)")
@@ -213,6 +266,9 @@ def _run(args: argparse.Namespace) -> int:
              + f"checked {checked.entries} log entries, {checked.snapshots} snapshots, "
              f"{checked.fragments} fragments: {verdict}")
         return 1 if checked.problems else 0
+    elif args.command == "lineage":
+        lin = opened().lineage(args.step)
+        _out(args, lin.to_json(), lineage_text(lin))
     elif args.command == "tail":
         tail(opened(), args.interval, args.count, args.group, args.json)
     elif args.command == "status":

@@ -26,6 +26,7 @@ from lakestream.fragment import (
 )
 from lakestream.head import shared_head
 from lakestream.index import Fragment, SegmentError
+from lakestream.lineage import StepLineage, step_lineage
 from lakestream.log import (
     Append,
     Checkpoint,
@@ -522,6 +523,30 @@ class Stream:
         schema = self.schema if columns is None else pa.schema(
             [self.schema.field(c) for c in columns])
         return pa.concat_tables(parts) if parts else schema.empty_table()
+
+    def lineage(self, step: int) -> StepLineage:
+        """Where each sample of global batch ``step`` came from (producer, epoch, seq,
+        fragment, committing version, policy version) and the checkpoint markers, of every
+        consumer group, that replay it; see ``lakestream.lineage``. Reads only the
+        ``policy_version``, ``policy_version_min`` and ``policy_version_max`` columns the
+        stream has, never whole samples. Samples of ``Stream.append`` have producer None,
+        epoch 0 and seq 0. A step not visible yet is looked for once more after a refresh.
+
+        Raises:
+            ValueError: ``step`` is negative or not an int.
+            StepNotAvailableError: the step is not committed yet. A reclaimed step raises
+                nothing: its lineage says ``reclaimed``.
+        """
+        if isinstance(step, int) and step >= self.num_steps:
+            self.refresh()
+
+        def read(spans: Sequence[tuple[int, int]], columns: list[str]) -> pa.Table:
+            return self.read_offsets(spans, columns, what=f"step {step}")
+
+        try:
+            return step_lineage(self._state, step, read, uri=self.uri)
+        except SegmentError as e:
+            return step_lineage(self._recover(e), step, read, uri=self.uri)
 
     def _recover(self, damage: SegmentError) -> ReplayState:
         """A state without the segment ``damage`` names: reopened from the newest snapshot

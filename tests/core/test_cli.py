@@ -106,7 +106,8 @@ def test_version_help_and_json_for_scripts(tmp_path) -> None:
     out = _cli("--version")
     assert out.returncode == 0 and out.stdout.strip() == f"lakestream {lakestream.__version__}"
     helped = _cli("--help").stdout
-    for command in ("create", "status", "group", "tail", "verify", "retain", "gc", "demo"):
+    for command in ("create", "status", "group", "tail", "lineage", "verify", "retain", "gc",
+                    "demo"):
         assert command in helped
     assert "``" not in helped
     uri = str(tmp_path / "s")
