@@ -231,6 +231,32 @@ def _tailing_section(tailing: dict[str, Any]) -> list[str]:
     return [*out, "", f"Command: `{tailing['command'].strip()}`", ""]
 
 
+def _balance_section(balance: dict[str, Any]) -> list[str]:
+    w = balance["world_size"]
+    out = ["## Token-balanced rank slices (`bench/balance.py`)", "",
+           f"The largest rank's tokens over the mean, at W = {w}, averaged over "
+           f"{balance['steps']} steps (worst step in brackets); rollout lengths uniform in "
+           "1,024-3,072 tokens (the payload of every benchmark) or log-uniform in 256-8,192 "
+           "(heavy-tailed, as RL responses are). `contiguous` is the equal-count split of "
+           "today; `balanced` is `balance_groups` (equal group counts); `bound` is the "
+           "lowest any equal-count split can reach.", "",
+           "| lengths | B | G | groups per rank | contiguous | balanced | bound | plan µs p50 |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in balance["runs"]:
+        out.append(f"| {r['distribution']} | {r['global_batch_size']} | {r['group_size']} | "
+                   f"{r['groups_per_rank']} | {r['contiguous']['mean']:.3f} "
+                   f"({r['contiguous']['max']:.3f}) | {r['balanced']['mean']:.4f} "
+                   f"({r['balanced']['max']:.3f}) | {r['lower_bound']['mean']:.4f} | "
+                   f"{r['plan_us']['median']:.0f} |")
+    met = all(r["balanced"]["mean"] <= balance["target"] for r in balance["runs"]
+              if r["distribution"] == "uniform")
+    out += ["", f"Target <= {balance['target']} on the rollout payload: {_target(met)}. "
+            "Heavy-tailed lengths with two groups per rank stay above it at the bound: no "
+            "equal-count split does better there.", "",
+            f"Command: `{balance['command'].strip()}`", ""]
+    return out
+
+
 def _mixing_section(mixing: dict[str, Any]) -> list[str]:
     a, b = mixing["takes"]
     out = ["## Mixing and shuffling (`bench/mixing.py`)", "",
@@ -490,6 +516,9 @@ def main() -> None:
     mixing = _load("mixing")
     if isinstance(mixing, dict):
         out += _mixing_section(mixing)
+    balance = _load("balance")
+    if isinstance(balance, dict):
+        out += _balance_section(balance)
     loader = _load("loader")
     if isinstance(loader, dict):
         out += ["## Loaders (`bench/loader.py`)", "",

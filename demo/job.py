@@ -1,10 +1,13 @@
 """The main job: an asynchronous RL pipeline on a local stream, with faults, verified.
 
 Three rollout producer processes write GRPO groups (4 responses per prompt) with a prompt
-cursor as their committed state and a staleness bound; a trainer of two gloo ranks trains a
-tiny policy with DDP over ``StreamDataset``, saving a distributed checkpoint every few steps
-(marker + retention keep_last=2). Midway one producer and then the whole trainer are
-SIGKILLed and restarted. At the end the job verifies what it promises and prints a summary.
+cursor as their committed state, admitted within ``max_lag_steps``; a trainer of two gloo
+ranks trains a tiny policy with DDP over ``StreamDataset``, which drops groups staler than
+``max_lag_steps`` (refilling the step), skips groups whose rewards are all equal (DAPO) and
+deals each step's groups to ranks by tokens; it saves a distributed checkpoint every few
+steps (marker + retention keep_last=2). Midway one producer and then the whole trainer are
+SIGKILLed and restarted. When training is over the producers stop. At the end the job
+verifies what it promises and prints a summary.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ class DemoConfig:
 
     @property
     def prompts(self) -> int:
-        return self.steps * self.global_batch_size // G
+        """What the producers may generate: the steps' worth, and room for the groups the
+        trainer skips."""
+        return self.steps * self.global_batch_size // G * 8 // 5
 
 
 def _spawn(module: str, *args: Any) -> subprocess.Popen[bytes]:
@@ -53,6 +58,8 @@ class Pipeline:
         self.uri = str(self.root / "rollouts")
         self.logs = self.root / "logs"
         self.logs.mkdir(parents=True)
+        self.done = self.logs / "training-done"
+        """Created when the trainer has finished: producers stop generating."""
         self.stream = lakestream.create(self.uri, SCHEMA, global_batch_size=cfg.global_batch_size,
                                         group_size=G)
         self.producers: dict[int, subprocess.Popen[bytes]] = {}
@@ -67,18 +74,22 @@ class Pipeline:
         prompts = min(per, max(0, (self.cfg.prompts - i + self.cfg.producers - 1)
                                // self.cfg.producers))
         self.producers[i] = _spawn("lakestream.demo.rollout", self.uri, i, self.cfg.producers,
-                                   prompts, self.cfg.max_lag_steps, self.logs / "producers.jsonl")
+                                   prompts, self.cfg.max_lag_steps, self.logs / "producers.jsonl",
+                                   self.done)
 
     def start_trainer(self) -> None:
         self.trainer_runs += 1
         init = self.logs / f"init-{self.trainer_runs}"
         self.trainer = [_spawn("lakestream.demo.trainer", self.uri, r, self.cfg.ranks, init,
-                               self.cfg.steps, self.cfg.checkpoint_every, self.logs)
+                               self.cfg.steps, self.cfg.checkpoint_every, self.logs,
+                               self.cfg.max_lag_steps)
                         for r in range(self.cfg.ranks)]
 
     def trainer_step(self) -> int:
+        """Steps trained so far: the policy version the trainer publishes (its progress step
+        counts the stream's steps it has read past, skipped groups included)."""
         progress = read_progress(self.stream.store, "train")
-        return progress.step if progress else 0
+        return progress.policy_version or 0 if progress else 0
 
     def tick(self) -> None:
         self.stream.refresh()
@@ -109,8 +120,9 @@ class Pipeline:
                 for p in self.trainer:
                     p.wait()
                 marker = self.stream.checkpoints("train")[-1]
-                print(f"  fault: trainer SIGKILLed at step {trained}; restarting from the "
-                      f"checkpoint at step {marker.step}")
+                print(f"  fault: trainer SIGKILLed at step {trained}; restarting from its "
+                      f"last checkpoint, {Path(marker.checkpoint_id or '?').name} (its marker "
+                      f"holds the stream from step {marker.step})")
                 self.faults.append((time.time() - self.t0, "trainer killed"))
                 self.start_trainer()
                 trainer_killed = True
@@ -122,6 +134,7 @@ class Pipeline:
                       f"{int(tl['trained']):4d}/{cfg.steps}  log version {self.stream.version}",
                       flush=True)
             if all(p.poll() is not None for p in self.trainer):
+                self.done.touch()
                 break
         for p in [*self.producers.values(), *self.trainer]:
             _, err = p.communicate(timeout=120)
@@ -153,10 +166,31 @@ def verify(pipe: Pipeline) -> tuple[dict[str, bool], dict[str, Any]]:
     for (_rank, _step), reads in by_rank_step.items():
         for pid, resp in reads[0]:
             trained[(pid, resp)] += 1
-    expected = {(p, r) for p in range(cfg.prompts) for r in range(G)}
+    # What the producers committed: producer i's prompts cursor * producers + i below the
+    # cursor its committed state holds.
+    committed = {(c * cfg.producers + int(pid.rsplit("-", 1)[1]), r)
+                 for pid, (_, _, state) in s.producers.items() if state
+                 for c in range(state["cursor"]) for r in range(G)}
     every_step = {k[1] for k in by_rank_step} == set(range(cfg.steps))
-    exactly_once = (set(trained) == expected and set(trained.values()) == {1}
-                    and s.num_samples == cfg.prompts * G and every_step)
+    # Every step's policy counts, from its first read (every rank agrees).
+    first: dict[int, dict[str, Any]] = {}
+    for rows in runs.values():
+        for r in rows:
+            first.setdefault(r["step"], r)
+    dropped = sum(r["read_policy"]["stale_dropped"] for r in first.values())
+    filtered = sum(r["read_policy"]["filtered"] for r in first.values())
+    cursor = max(r["cursor"] for p in pipe.logs.glob("reads-rank*.json")
+                 for r in _read_jsonl(p))
+    # Below the trainer's final cursor, each committed sample was trained or skipped.
+    exactly_once = (set(trained) <= committed and set(trained.values()) == {1}
+                    and s.num_samples == len(committed) and every_step
+                    and len(trained) + dropped + filtered == cursor)
+    groups: dict[tuple[int, int], list[float]] = {}
+    for rows in runs.values():
+        for r in rows:
+            for (pid, _), reward in zip(r["ids"], r["rewards"], strict=True):
+                groups.setdefault((r["step"], pid), []).append(reward)
+    no_flat_group = all(min(g) != max(g) for g in groups.values())
     staleness: Counter[int] = Counter()
     by_step: dict[int, list[int]] = {}
     for rows in runs.values():
@@ -164,10 +198,10 @@ def verify(pipe: Pipeline) -> tuple[dict[str, bool], dict[str, Any]]:
             for v in r["versions"]:
                 staleness[r["step"] - v] += 1
                 by_step.setdefault(r["step"], []).append(r["step"] - v)
-    # A generation is admitted while committed steps exceed the published progress by at most
-    # max_lag_steps; the other producers' admitted groups may land first (under a step), and
-    # the published progress trails the trainer by up to one publish interval (a step or two).
-    bound = cfg.max_lag_steps + 3
+    # Admission keeps most samples within max_lag_steps; the read-time policy drops the
+    # rest (other producers' groups landing first, progress published late), so what is
+    # trained holds the bound exactly.
+    bound = cfg.max_lag_steps
     staleness_held = max(staleness) <= bound
     kept = [m.step for m in s.checkpoints("train")[-2:]]
     reclaim_ok = s.state.reclaimed_below <= min(kept) * cfg.global_batch_size
@@ -180,14 +214,18 @@ def verify(pipe: Pipeline) -> tuple[dict[str, bool], dict[str, Any]]:
     delta_count = int(pa.table(delta_rows).column("n")[0].as_py())
     delta_ok = delta_count == s.num_samples - s.state.reclaimed_below
     checks = {
-        "every produced sample committed exactly once (and trained once)": exactly_once,
+        "every produced sample committed exactly once, and trained once or skipped by the "
+        "read policy": exactly_once,
         f"the {len({k[1] for k in reread})} steps re-read after the trainer restart equal the "
         "first reads, rank by rank": same_after_restart,
-        f"staleness bound held (max {max(staleness)} <= {bound} steps)": staleness_held,
+        f"staleness bound held (max {max(staleness)} <= {bound} steps; {dropped} stale samples "
+        "dropped)": staleness_held,
+        f"no trained group has all-equal rewards ({filtered} samples skipped)": no_flat_group,
         f"reclaimed only below the oldest retained checkpoint (step {min(kept)})": reclaim_ok,
         f"deltalake reads the {delta_count} remaining samples": delta_ok,
     }
     return checks, {"staleness": dict(sorted(staleness.items())), "reread_steps": len(reread),
+                    "stale_dropped": dropped, "filtered": filtered,
                     "staleness_by_step": {k: (sum(v) / len(v), max(v))
                                           for k, v in sorted(by_step.items())}}
 
@@ -215,6 +253,8 @@ def summary(pipe: Pipeline, facts: dict[str, Any]) -> list[str]:
                                           f"(over ranks, last run)"),
         ("staleness histogram (steps: samples)",
          ", ".join(f"{k}: {v}" for k, v in facts["staleness"].items())),
+        ("skipped by the read policy", f"{facts['stale_dropped']} stale, {facts['filtered']} "
+                                       "with all-equal rewards (samples)"),
         ("bytes reclaimed", f"{reclaimed}"),
         ("log versions", f"{s.version}"),
     ]
@@ -260,14 +300,16 @@ def plot(pipe: Pipeline, facts: dict[str, Any], path: Path) -> None:
     when = [first_seen.get(k, t[-1]) for k in steps]
     b.plot(when, [m for m, _ in steps.values()], ".", ms=2, label="mean over the step")
     b.plot(when, [x for _, x in steps.values()], ".", ms=2, label="max over the step")
-    b.axhline(pipe.cfg.max_lag_steps, color="grey", lw=0.8, ls=":", label="max_lag_steps")
+    b.axhline(pipe.cfg.max_lag_steps, color="grey", lw=0.8, ls=":",
+              label="max_lag_steps = max_staleness")
     b.set_xlabel("seconds")
     b.set_title("staleness over time (trained step - policy version)")
     b.legend()
     hist = facts["staleness"]
     c.bar(list(hist), list(hist.values()))
     c.set_xlabel("staleness (steps)")
-    c.set_title(f"staleness histogram, max_lag_steps={pipe.cfg.max_lag_steps}")
+    c.set_title(f"staleness histogram, max_lag_steps = max_staleness = "
+                f"{pipe.cfg.max_lag_steps}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

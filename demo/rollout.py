@@ -1,8 +1,10 @@
-"""A rollout worker: GRPO groups of synthetic responses, stamped with the policy version."""
+"""A rollout worker: GRPO groups of synthetic responses, stamped with the policy version.
+It generates until its prompts run out or the job says training is over."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -40,24 +42,32 @@ def generate(prompt: int, policy_version: int, seconds_per_token: float) -> pa.T
                               pa.list_(pa.int8())),
         "logprobs": pa.array([-rng.exponential(6.0, n).astype(np.float32) for n in lengths],
                              pa.list_(pa.float32())),
-        "reward": pa.array([float(t.sum() % 7 == 0) + 0.1 * (t.mean() / VOCAB) for t in tokens],
-                           pa.float32()),
+        # Pass or fail, as a verifier would score it: one group in eight has no signal.
+        "reward": pa.array([float(t.sum() % 2 == 0) for t in tokens], pa.float32()),
         "policy_version": pa.array([policy_version] * G, pa.int64()),
     }, schema=SCHEMA)
+
+
+def varied_rewards(group: pa.Table) -> bool:
+    """DAPO's dynamic sampling: a group whose rewards are all equal has no advantage to
+    learn from, so the trainer skips it (``StreamDataset(accept=...)``)."""
+    rewards = group.column("reward").to_pylist()
+    return min(rewards) != max(rewards)
 
 
 def main() -> None:
     uri, index, workers, prompts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
         int(sys.argv[4])
-    max_lag, stats_path = int(sys.argv[5]), sys.argv[6]
+    max_lag, stats_path, done = int(sys.argv[5]), sys.argv[6], sys.argv[7]
     # RL writers want freshness: cap the DAC wait between commits well below a step's time.
     options = ProducerOptions(max_interval_s=0.1)
     with Producer(uri, f"rollout-{index}", max_lag_steps=max_lag, options=options) as p:
         cursor = p.state["cursor"] if p.state else 0  # resume from the committed cursor
         t0 = time.time()
         written = 0
-        while cursor < prompts:
-            p.wait_for_lag()  # admit a generation only within the staleness bound
+        while cursor < prompts and not os.path.exists(done):
+            if not p.wait_for_lag(timeout=0.5):  # admit a generation within the bound
+                continue
             progress = read_progress(p.stream.store, "train")
             version = progress.policy_version or 0 if progress else 0
             table = generate(cursor * workers + index, version, 2e-4)

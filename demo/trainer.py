@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lakestream.demo.rollout import VOCAB
+from lakestream.demo.rollout import VOCAB, varied_rewards
 from lakestream.loaders import StreamDataset, load_checkpoint, save_checkpoint
 from lakestream.stream import Stream
 
@@ -51,14 +51,18 @@ def grpo_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def main() -> None:
-    uri, rank, world, init, steps, every, log_dir = sys.argv[1], int(sys.argv[2]), \
-        int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
+    uri, rank, world, init, steps, every, log_dir, max_staleness = sys.argv[1], \
+        int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), \
+        sys.argv[7], int(sys.argv[8])
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = DistributedDataParallel(Policy())
     optim = torch.optim.SGD(model.parameters(), lr=0.05)
+    # Read-time policies: groups staler than the bound are dropped and the step refilled,
+    # groups without reward signal skipped, and each step's groups dealt to ranks by tokens.
     ds = StreamDataset(uri, group="train", timeout=300, max_steps=steps, keep_last=2,
-                       progress_interval_s=0.05)
+                       progress_interval_s=0.05, max_staleness=max_staleness,
+                       accept=varied_rewards, accept_columns=["reward"], balance="tokens")
     markers = Stream.open(uri).checkpoints("train")
     if markers:  # restart: resume from the last durable checkpoint
         state = {"model": model.state_dict(), "optim": optim.state_dict()}
@@ -82,6 +86,8 @@ def main() -> None:
             "ids": [[int(p), int(r)] for p, r in zip(batch["prompt_id"], batch["response"],
                                                       strict=True)],
             "versions": [int(v) for v in batch["policy_version"]],
+            "rewards": [float(r) for r in batch["reward"]],
+            "read_policy": batch["read_policy"],
             "wait_s": waited}) + "\n")
         log.flush()
         if (step + 1) % every == 0:
@@ -92,7 +98,9 @@ def main() -> None:
     if reader is not None:
         with open(os.path.join(log_dir, f"reads-rank{rank}.json"), "a") as f:
             f.write(json.dumps({"latencies_s": list(reader.read_latencies_s),
-                                "wait_s": reader.wait_s}) + "\n")
+                                "wait_s": reader.wait_s,
+                                "cursor": json.loads(ds.state_dict()["mix"])["cursors"][0]})
+                    + "\n")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -59,6 +60,34 @@ def open_mix(sources: Sequence[Source], *, shuffle_window: int | None = None, se
     return MixSteps(streams, plan)
 
 
+class Steps(Protocol):
+    """What readers and datasets ask of a sequence of steps: a mix (``MixSteps``) or one
+    stream under a read-time policy (``lakestream.selected``)."""
+
+    streams: list[Stream]
+
+    @property
+    def uri(self) -> str: ...
+    @property
+    def global_batch_size(self) -> int: ...
+    def check_world(self, world_size: int) -> None: ...
+    def ready(self, step: int) -> bool: ...
+    def ended(self, step: int) -> bool: ...
+    def poll(self) -> None: ...
+    def committed(self) -> str: ...
+    def read(self, step: int, rank: int, world_size: int,
+             columns: list[str] | None = None) -> pa.Table: ...
+    def cursors(self, step: int) -> list[int]:
+        """Per source, the position a run resuming at ``step`` continues from."""
+    def hold_from(self, step: int) -> list[int]:
+        """Per source, the lowest offset a run resuming at ``step`` may read."""
+    def progress_offsets(self, step: int) -> list[int]:
+        """Per source, the offset the reader is taken to have reached at ``step`` (what its
+        producers' ``max_lag_steps`` follows)."""
+    def counts(self, step: int) -> dict[str, int] | None:
+        """Samples a read-time policy dropped or masked at ``step`` (None: it has none)."""
+
+
 CACHE_BYTES = 512 << 20
 """What a shuffled mix keeps decoded per process: a window's fragments, so that its steps
 decode each fragment once rather than once per step."""
@@ -95,6 +124,30 @@ class MixSteps:
         """The plan with every seal the handles have seen."""
         self._plan = self._plan.with_sealed([s.sealed_at for s in self.streams])
         return self._plan
+
+    @property
+    def global_batch_size(self) -> int:
+        return self._plan.global_batch_size
+
+    def check_world(self, world_size: int) -> None:
+        self._plan.check_world(world_size)
+
+    def cursors(self, step: int) -> list[int]:
+        return self.plan.cursor(step)
+
+    def hold_from(self, step: int) -> list[int]:
+        return self.plan.hold_from(step)
+
+    def progress_offsets(self, step: int) -> list[int]:
+        plan = self.plan
+        # A shuffled step waits for its whole window: progress counts the window as taken,
+        # or producers held to max_lag_steps behind it could never complete it.
+        ahead = plan.needed(step) if plan.shuffle_window is not None \
+            and not plan.ended(step) else [0] * len(self.streams)
+        return [max(plan.position(i, step), a) for i, a in enumerate(ahead)]
+
+    def counts(self, step: int) -> dict[str, int] | None:
+        return None
 
     def ended(self, step: int) -> bool:
         """Whether the mix ends before ``step`` (a sealed, non-cycling source ran out)."""

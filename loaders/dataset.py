@@ -16,7 +16,8 @@ from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader
 from lakestream.log import check_group
-from lakestream.steps import MixSteps, Source, open_mix
+from lakestream.selected import Accept, ReadPolicy, SelectedSteps
+from lakestream.steps import Source, Steps, open_mix
 from lakestream.stream import Stream
 
 STATE_VERSION = 3
@@ -69,6 +70,19 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     when a sealed source that does not cycle runs out; every rank and every restart reads
     the same samples at the same step.
 
+    Read-time policies (``lakestream.selected``; one stream in log order): with
+    ``max_staleness=k``, a group whose oldest policy version (``policy_version_min``, else
+    ``policy_version``) is below ``step - k`` is skipped and the step refilled from later
+    samples (``on_stale="drop"``), or kept with a per-sample ``stale`` mask
+    (``on_stale="mask"``). ``accept`` (a pure function of a group's rows, as a
+    ``pyarrow.Table`` of ``accept_columns``, all if None) skips the groups it rejects, e.g.
+    those whose rewards are all equal. ``balance`` (a list column, whose lengths count, or
+    an integer one) deals each step's groups to ranks so that the largest rank's total is
+    as small as it can be made (equal group counts per rank). Every rank and every restart
+    makes the same choices: they are functions of the log, the step and the cursor the
+    state saves. Each batch then carries ``read_policy``: the samples the step dropped
+    (``stale_dropped``, ``filtered``) and masked (``stale_masked``).
+
     Args:
         uri: the stream, or the sources of a mix. group: the consumer group, or None to read
             without one.
@@ -85,6 +99,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         step_key: the key under which each batch carries its step number; a stream with a
             column of that name needs another (``ValueError`` otherwise).
         shuffle_window, seed, epochs: see above (default: log order, once, no end).
+        max_staleness, on_stale, accept, accept_columns, balance: the read-time policy
+            (default: none).
     """
 
     def __init__(self, uri: str | Sequence[Source], group: str | None = "train",
@@ -96,7 +112,10 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                  max_steps: int | None = None, prefetch: int = 4, read_threads: int = 2,
                  progress_interval_s: float = 1.0, keep_last: int | None = None,
                  step_key: str = "step", shuffle_window: int | None = None, seed: int = 0,
-                 epochs: int | None = None) -> None:
+                 epochs: int | None = None, max_staleness: int | None = None,
+                 on_stale: str = "drop", accept: Accept | None = None,
+                 accept_columns: Sequence[str] | None = None,
+                 balance: str | None = None) -> None:
         super().__init__()
         if isinstance(uri, str):
             self.sources = [Source(uri, storage_options=storage_options)]
@@ -107,6 +126,15 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 raise TypeError("uri must be a stream URI or a non-empty list of Source")
         self.uri = " + ".join(s.uri for s in self.sources)
         self.shuffle_window, self.seed, self.epochs = shuffle_window, seed, epochs
+        self.policy = ReadPolicy(max_staleness, on_stale, accept,
+                                 None if accept_columns is None else tuple(accept_columns),
+                                 balance)
+        if self.policy.active and (len(self.sources) > 1 or self.sources[0].take is not None
+                                   or self.sources[0].cycle or shuffle_window is not None
+                                   or epochs is not None):
+            raise ValueError("read-time policies (max_staleness, accept, balance) read one "
+                             "stream in log order: they do not combine with mixing, "
+                             "shuffle_window or epochs")
         self._base: tuple[int, list[int]] = (0, [0] * len(self.sources))
         """The mix's (base step, source positions there): where a changed mix began."""
         self.group = None if group is None else check_group(group)
@@ -129,14 +157,16 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.keep_last = keep_last
         self.policy_version: int | None = None
         """Set by the trainer; published with progress so producers can stamp samples."""
-        self._mix: MixSteps | None = None
+        self._mix: Steps | None = None
         self._publisher: ProgressPublisher | None = None
         self._progress: MixProgress | None = None
         self.last_reader: StepReader | None = None
         self._worker_next: int | None = None
         """In a DataLoader worker, the next step this worker reads (set by iterating it or by
         loading its state); None: ``start_step`` plus the worker's index."""
-        self.mix.plan.check_world(self.world_size)
+        self.mix.check_world(self.world_size)
+        if self.policy.active and start_step:  # planned from here, not from step 0
+            self._base, self._mix = (start_step, [start_step * self.global_batch_size]), None
         self.step_key = step_key
         first = self.streams[0]
         for stream in self.streams:
@@ -159,14 +189,20 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                         "columns= the ones they share")
 
     @property
-    def mix(self) -> MixSteps:
+    def mix(self) -> Steps:
         """This process's handles on the sources and their plan (opened lazily, again in
         each worker)."""
         if self._mix is None:
             base_step, starts = self._base
-            self._mix = open_mix(self.sources, shuffle_window=self.shuffle_window,
-                                 seed=self.seed, epochs=self.epochs, base_step=base_step,
-                                 starts=starts)
+            if self.policy.active:
+                source = self.sources[0]
+                self._mix = SelectedSteps(
+                    Stream.open(source.uri, storage_options=source.storage_options),
+                    self.policy, base_step, starts[0])
+            else:
+                self._mix = open_mix(self.sources, shuffle_window=self.shuffle_window,
+                                     seed=self.seed, epochs=self.epochs,
+                                     base_step=base_step, starts=starts)
             if self._progress is not None:
                 self._progress.steps = self._mix
         return self._mix
@@ -184,7 +220,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     @property
     def global_batch_size(self) -> int:
         """Samples per step, over all ranks (the sum of the sources' takes)."""
-        return self.mix.plan.global_batch_size
+        return self.mix.global_batch_size
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -215,6 +251,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                     table, self.collate)
                 if isinstance(item, dict):
                     item[self.step_key] = step
+                    counts = reader.steps.counts(step)
+                    if counts is not None:
+                        item["read_policy"] = counts
                 if in_process:
                     self.record_step(step)
                 else:  # this worker's copy: what a StatefulDataLoader saves per worker
@@ -244,7 +283,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """Each source's own step from which a run resuming at mix step ``step`` may read:
         what its registration and markers hold."""
         return [offset // stream.global_batch_size
-                for offset, stream in zip(self.mix.plan.hold_from(step), self.streams,
+                for offset, stream in zip(self.mix.hold_from(step), self.streams,
                                           strict=True)]
 
     # -- state ------------------------------------------------------------------------
@@ -298,12 +337,15 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """One stream, whole steps, log order: the states of earlier versions."""
         return len(self.sources) == 1 and self.sources[0].take is None \
             and not self.sources[0].cycle and self.shuffle_window is None \
-            and self.epochs is None and self._base == (0, [0])
+            and self.epochs is None and self._base == (0, [0]) and not self.policy.active
 
     def _describe(self) -> dict[str, Any]:
-        return {"sources": [s.describe() for s in self.sources],
-                "shuffle_window": self.shuffle_window, "seed": self.seed,
-                "epochs": self.epochs}
+        out: dict[str, Any] = {"sources": [s.describe() for s in self.sources],
+                               "shuffle_window": self.shuffle_window, "seed": self.seed,
+                               "epochs": self.epochs}
+        if self.policy.active:
+            out["policy"] = self.policy.describe()
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """The resume point: the next step to read (torchdata/DCP ``Stateful``), and for a
@@ -317,9 +359,11 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         state["mix"] = json.dumps(None)
         if not self._plain:
             base_step, starts = self._base
+            cursors = self.mix.cursors(self.start_step)
+            if self.policy.active:  # planned one step after another: resume from here
+                base_step, starts = self.start_step, cursors
             state["mix"] = json.dumps({**self._describe(), "base_step": base_step,
-                                       "starts": starts,
-                                       "cursors": self.mix.plan.cursor(self.start_step)})
+                                       "starts": starts, "cursors": cursors})
         info = get_worker_info()
         if info is not None:
             state.update(worker=info.id, num_workers=info.num_workers,
@@ -345,15 +389,17 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         base = self._base
         if saved is None:  # one stream, whole steps, in log order
             b = int(state["global_batch_size"])
-            if not self._plain:
-                raise LakestreamError(
-                    f"state was saved by a StreamDataset over one stream in log order, and "
-                    f"{self.uri} mixes, shuffles or repeats: start it at that step with "
-                    f"start_step={step} instead")
             if b != self.global_batch_size:
                 raise LakestreamError(
                     f"state was saved for global batch size {b}, but {self.uri} has "
                     f"{self.global_batch_size}: it belongs to another stream")
+            if self.policy.active:  # a policy taking over from log order at that step
+                self._base = (step, [step * b])
+            elif not self._plain:
+                raise LakestreamError(
+                    f"state was saved by a StreamDataset over one stream in log order, and "
+                    f"{self.uri} mixes, shuffles or repeats: start it at that step with "
+                    f"start_step={step} instead")
         elif {k: saved.get(k) for k in self._describe()} == self._describe():
             self._base = (int(saved["base_step"]), [int(x) for x in saved["starts"]])
         else:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from lakestream.errors import LakestreamError
 from lakestream.progress import publish_progress, read_progress
-from lakestream.steps import MixSteps
+from lakestream.steps import Steps
 from lakestream.store.base import ObjectStore
 
 log = logging.getLogger("lakestream")
@@ -147,17 +147,12 @@ class MixProgress:
     """Publishes a mix's progress to each source: the step of that source's own stream the
     mix has consumed up to (what its producers' ``max_lag_steps`` follows)."""
 
-    def __init__(self, steps: MixSteps, parts: list[JobProgress]) -> None:
+    def __init__(self, steps: Steps, parts: list[JobProgress]) -> None:
         self.steps, self.parts = steps, parts
         """The dataset's current steps (it replaces them when it plans again)."""
 
     def __call__(self, step: int, policy_version: int | None) -> None:
         steps = self.steps
-        plan = steps.plan
-        # A shuffled step waits for its whole window: progress counts the window as taken,
-        # or producers held to max_lag_steps behind it could never complete it.
-        ahead = plan.needed(step) if plan.shuffle_window is not None \
-            and not plan.ended(step) else [0] * len(self.parts)
-        for i, (part, stream) in enumerate(zip(self.parts, steps.streams, strict=True)):
-            offset = max(plan.position(i, step), ahead[i])
+        for part, stream, offset in zip(self.parts, steps.streams,
+                                        steps.progress_offsets(step), strict=True):
             part(offset // stream.global_batch_size, policy_version)

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
-from lakestream.steps import MixSteps
+from lakestream.steps import MixSteps, Steps
 from lakestream.stream import Stream
 
 LATENCY_WINDOW = 4096
@@ -19,7 +19,8 @@ LATENCY_WINDOW = 4096
 
 class StepReader:
     """Reads one rank's slices of a sequence of steps, in order, ``prefetch`` steps ahead:
-    a stream's own steps, or the steps of a mix (``MixSteps``).
+    a stream's own steps, the steps of a mix (``MixSteps``) or of a read-time policy
+    (``SelectedSteps``).
 
     A step that is not visible yet is waited for by polling the next log entry (a GET, never
     a LIST, shared by every reader of the stream in the process: ``Stream.poll``), backing
@@ -28,13 +29,13 @@ class StepReader:
     Iteration stops at a step past the end of a mix (a sealed source ran out).
     """
 
-    def __init__(self, steps: Stream | MixSteps, rank: int, world_size: int, *,
+    def __init__(self, steps: Stream | Steps, rank: int, world_size: int, *,
                  columns: list[str] | None = None, prefetch: int = 4, threads: int = 2,
                  timeout: float | None = None, poll_min_s: float = 0.005,
                  poll_max_s: float = 0.5) -> None:
         if prefetch < 0 or threads < 1:
             raise ValueError("prefetch must be >= 0 and threads >= 1")
-        self.steps = steps if isinstance(steps, MixSteps) else MixSteps.single(steps)
+        self.steps: Steps = MixSteps.single(steps) if isinstance(steps, Stream) else steps
         self.rank, self.world_size = rank, world_size
         self.columns, self.prefetch, self.threads = columns, prefetch, threads
         self.timeout, self.poll_min_s, self.poll_max_s = timeout, poll_min_s, poll_max_s

@@ -336,21 +336,26 @@ class Producer:
         b = self._stream.global_batch_size
         return (self._stream.num_samples + pending) / b - self._progress_step
 
-    def wait_for_lag(self) -> None:
+    def wait_for_lag(self, timeout: float | None = None) -> bool:
         """Blocks while committed steps exceed the consumer group's progress by more than
         ``max_lag_steps`` (returns at once without a bound), then admits one write.
 
         A rollout worker calls it before generating, so that the policy version it reads
         and stamps is no older than the bound allows; the next ``write`` then goes through
         without waiting again (blocking a sample already generated would only make it
-        staler). A ``write`` without a prior admission waits here itself.
+        staler). A ``write`` without a prior admission waits here itself. With a
+        ``timeout``, it gives up after that many seconds and admits nothing (a worker can
+        then see whether training is over, say).
+
+        Returns:
+            True once admitted, False if ``timeout`` passed first.
 
         Raises:
             ProducerFencedError, LakestreamError: a background failure while waiting.
         """
         k = self.max_lag_steps
         if k is None:
-            return
+            return True
         group, poll = self.progress_group, self.options.progress_poll_s
         t0 = time.monotonic()
         while True:
@@ -365,9 +370,13 @@ class Producer:
             self._stream.refresh()
             if self._lag_steps() <= k:
                 break
+            if timeout is not None and time.monotonic() - t0 >= timeout:
+                self.stats.add(lag_wait_s=time.monotonic() - t0)
+                return False
             time.sleep(poll)
         self.stats.add(lag_wait_s=time.monotonic() - t0)
         self._admitted = True
+        return True
 
 
 

@@ -10,6 +10,6 @@ def test_the_demo_verifies_what_it_promises(tmp_path, capsys) -> None:
                      kill_trainer_at_step=26)
     assert run(str(tmp_path), cfg, plot_path=tmp_path / "demo.png")
     out = capsys.readouterr().out
-    assert out.count("ok  ") == 5 and "FAIL" not in out
+    assert out.count("ok  ") == 6 and "FAIL" not in out
     assert "fault: trainer SIGKILLed" in out and "fault: rollout-1 SIGKILLed" in out
     assert (tmp_path / "demo.png").stat().st_size > 0

@@ -12,14 +12,14 @@ RANKS = {
     "errors": 0, "failpoints": 0, "threads": 0,
     "store": 1, "schema": 1,
     "log": 2, "plan": 2,
-    "index": 3, "mix": 3, "progress": 3,
+    "index": 3, "mix": 3, "balance": 3, "progress": 3, "choose": 3,
     "replay": 4, "fragment": 4,
-    "tail": 5, "inventory": 5,
+    "tail": 5, "inventory": 5, "lineage": 5,
     "head": 6,
     "snapshot": 6,
     "transaction": 7, "retention": 7, "verify": 7,
     "stream": 8,
-    "status": 9, "steps": 9,
+    "status": 9, "steps": 9, "selected": 9,
     "cli": 10, "__init__": 11,
 }
 

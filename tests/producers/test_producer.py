@@ -156,6 +156,21 @@ def test_max_lag_steps_blocks_until_the_trainer_catches_up(tmp_path) -> None:
     assert _all_ids(s) == list(range(16))
 
 
+def test_wait_for_lag_gives_up_after_its_timeout_and_admits_nothing(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    with Producer(uri, "w", max_lag_steps=0,
+                  options=ProducerOptions(progress_poll_s=0.01)) as p:
+        assert p.wait_for_lag(timeout=0.2)  # nothing committed: lag 0
+        p.write(rows(0, 4))
+        p.flush()  # a step committed, no progress: lag 1 > 0
+        t0 = time.monotonic()
+        assert not p.wait_for_lag(timeout=0.2)
+        assert 0.2 <= time.monotonic() - t0 < 5
+        publish_progress(s.store, "train", step=1, policy_version=1)
+        assert p.wait_for_lag(timeout=5)
+
+
 def test_status_lists_orphans(tmp_path) -> None:
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=4)

@@ -1,0 +1,293 @@
+"""The steps of one stream under a read-time policy: stale groups dropped or masked, groups
+a filter rejects skipped, each step refilled from later samples, and ranks given groups by
+tokens. ``lakestream.choose`` decides; this reads the planning columns it needs (small,
+columnar), then each rank's rows.
+
+Steps are planned one after another from a known (step, cursor): the cursor of the next
+step is where this one stopped. A handle plans each step once and keeps the choices of the
+last ``KEPT_CHOICES`` steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lakestream.balance import balance_groups, equal_count
+from lakestream.choose import FRESH, Choice, choose
+from lakestream.errors import StepNotAvailableError
+from lakestream.fragment import FragmentCache
+from lakestream.plan import check_world
+from lakestream.stream import Stream
+
+Accept = Callable[[pa.Table], bool]
+STALE_COLUMN = "stale"
+"""The per-sample column a step carries with ``on_stale="mask"``."""
+KEPT_CHOICES = 4096
+VERSION_COLUMNS = ("policy_version_min", "policy_version")
+"""The column that gives a sample's oldest policy version, the first the stream has."""
+
+
+@dataclass(frozen=True)
+class ReadPolicy:
+    """What a reader drops, masks and balances (see ``StreamDataset``).
+
+    ``accept`` must be a pure function of a group's rows (``accept_columns`` of them, all
+    if None), the same function on every rank and after every restart: it decides which
+    samples each step holds.
+    """
+
+    max_staleness: int | None = None
+    on_stale: str = "drop"
+    accept: Accept | None = None
+    accept_columns: tuple[str, ...] | None = None
+    balance: str | None = None
+
+    def __post_init__(self) -> None:
+        k = self.max_staleness
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+            raise ValueError(f"max_staleness must be a non-negative int or None, got {k!r}")
+        if self.on_stale not in ("drop", "mask"):
+            raise ValueError(f"on_stale must be 'drop' or 'mask', got {self.on_stale!r}")
+        if self.accept is not None and not callable(self.accept):
+            raise ValueError(f"accept must be a function of a group's rows, got "
+                             f"{self.accept!r}")
+
+    @property
+    def active(self) -> bool:
+        return self.max_staleness is not None or self.accept is not None \
+            or self.balance is not None
+
+    def describe(self) -> dict[str, object]:
+        """What identifies the policy in a saved state (the filter by its name)."""
+        accept = None if self.accept is None else \
+            f"{getattr(self.accept, '__module__', '?')}.{getattr(self.accept, '__qualname__', '?')}"
+        return {"max_staleness": self.max_staleness, "on_stale": self.on_stale,
+                "accept": accept, "accept_columns": None if self.accept_columns is None
+                else list(self.accept_columns), "balance": self.balance}
+
+    def check(self, schema: pa.Schema, uri: str) -> None:
+        """Raises ValueError unless ``schema`` has every column the policy reads."""
+        names = schema.names
+        if self.max_staleness is not None and version_column(schema) is None:
+            raise ValueError(f"max_staleness needs a policy version: {uri} has none of the "
+                             f"columns {list(VERSION_COLUMNS)}")
+        if self.max_staleness is not None and self.on_stale == "mask" \
+                and STALE_COLUMN in names:
+            raise ValueError(f"{uri} has a column {STALE_COLUMN!r}, where on_stale='mask' "
+                             "puts its mask: rename the column or drop stale groups")
+        unknown = [c for c in self.accept_columns or () if c not in names]
+        if unknown:
+            raise ValueError(f"accept_columns {unknown} are not columns of {uri} ({names})")
+        if self.balance is not None:
+            if self.balance not in names:
+                raise ValueError(f"balance={self.balance!r} is not a column of {uri} "
+                                 f"({names})")
+            t = schema.field(self.balance).type
+            if not (pa.types.is_list(t) or pa.types.is_large_list(t)
+                    or pa.types.is_integer(t)):
+                raise ValueError(f"balance={self.balance!r} must name a list column (its "
+                                 f"lengths are the cost) or an integer one, not {t}")
+
+
+def version_column(schema: pa.Schema) -> str | None:
+    return next((c for c in VERSION_COLUMNS if c in schema.names), None)
+
+
+class SelectedSteps:
+    """``stream``'s steps under ``policy``, planned from step ``base_step`` at offset
+    ``base_cursor``. Offers what ``MixSteps`` offers, so readers take either."""
+
+    def __init__(self, stream: Stream, policy: ReadPolicy, base_step: int = 0,
+                 base_cursor: int = 0) -> None:
+        policy.check(stream.schema, stream.uri)
+        if base_cursor % stream.group_size:
+            raise ValueError(f"cursor {base_cursor} is not at a group's start "
+                             f"(group size {stream.group_size})")
+        self.streams = [stream]
+        self.policy = policy
+        self.base_step = base_step
+        self.global_batch_size = stream.global_batch_size
+        self._groups = stream.global_batch_size // stream.group_size
+        self._cursors = {base_step: base_cursor}
+        self._choices: dict[int, Choice] = {}
+        self._next = base_step  # the first step not planned yet
+        self._lock = threading.Lock()
+        # Planning columns of the samples from the next step's cursor on.
+        self._lo = self._hi = base_cursor
+        self._versions = np.zeros(0, np.int64)
+        self._accepted = np.zeros(0, bool)
+        self._costs = np.zeros(0, np.int64)
+        self._cache = FragmentCache(64 << 20)  # fragments a step shares with the next
+        self._version_column = version_column(stream.schema) \
+            if policy.max_staleness is not None else None
+        columns = {self._version_column, policy.balance} - {None}
+        if policy.accept is not None:
+            columns |= set(policy.accept_columns or stream.schema.names)
+        self._columns = [c for c in stream.schema.names if c in columns]
+        """The planning columns, in the stream's order."""
+
+    @property
+    def stream(self) -> Stream:
+        return self.streams[0]
+
+    @property
+    def uri(self) -> str:
+        return self.stream.uri
+
+    # -- planning --------------------------------------------------------------------------
+
+    def _extend(self) -> bool:
+        """Reads the planning columns of newly committed groups; False if there are none."""
+        stream = self.stream
+        hi = stream.num_samples
+        if hi <= self._hi:
+            return False
+        hi = min(hi, self._hi + max(4 * self.global_batch_size, 4096 // stream.group_size
+                                    * stream.group_size))
+        if self._columns:
+            table = stream.read_offsets([(self._hi, hi)], self._columns,
+                                        what=f"samples [{self._hi}, {hi}) planned")
+        else:
+            table = pa.table({"_": pa.nulls(hi - self._hi)})
+        g = stream.group_size
+        n = (hi - self._hi) // g
+        if self._version_column is not None:
+            v = table.column(self._version_column)
+            versions = np.asarray(pc.fill_null(v, FRESH).to_numpy(), dtype=np.int64)
+        else:
+            versions = np.full(hi - self._hi, FRESH, np.int64)
+        accept = self.policy.accept
+        if accept is None:
+            accepted = np.ones(n, bool)
+        else:
+            rows = table.select(list(self.policy.accept_columns)) \
+                if self.policy.accept_columns is not None else table
+            accepted = np.array([bool(accept(rows.slice(i * g, g))) for i in range(n)],
+                                dtype=bool)
+        if self.policy.balance is not None:
+            col = table.column(self.policy.balance)
+            t = col.type
+            per = pc.list_value_length(col) if not pa.types.is_integer(t) else col
+            per_sample = np.asarray(pc.fill_null(per, 0).to_numpy(), dtype=np.int64)
+            costs = per_sample.reshape(n, g).sum(axis=1)
+        else:
+            costs = np.zeros(n, np.int64)
+        self._versions = np.concatenate([self._versions, versions])
+        self._accepted = np.concatenate([self._accepted, accepted])
+        self._costs = np.concatenate([self._costs, costs])
+        self._hi = hi
+        return True
+
+    def _plan(self, step: int) -> bool:
+        """Plans every step up to ``step``; False if the committed samples do not fill it
+        yet."""
+        if step < self.base_step:
+            raise ValueError(f"step {step} is before step {self.base_step}, where this "
+                             "handle's planning starts")
+        with self._lock:
+            while self._next <= step:
+                t = self._next
+                choice = choose(t, self._lo, self.stream.group_size, self._groups,
+                                versions=self._versions, accepted=self._accepted,
+                                costs=self._costs, max_staleness=self.policy.max_staleness,
+                                drop_stale=self.policy.on_stale == "drop")
+                if choice is None:
+                    if not self._extend():
+                        return False
+                    continue
+                self._choices[t] = choice
+                self._choices.pop(t - KEPT_CHOICES, None)
+                self._cursors[t + 1] = choice.end
+                self._cursors.pop(t - KEPT_CHOICES, None)
+                used_groups = (choice.end - self._lo) // self.stream.group_size
+                self._versions = self._versions[choice.end - self._lo:]
+                self._accepted = self._accepted[used_groups:]
+                self._costs = self._costs[used_groups:]
+                self._lo = choice.end
+                self._next = t + 1
+            return True
+
+    def choice(self, step: int) -> Choice:
+        """What ``step`` takes.
+
+        Raises:
+            StepNotAvailableError: not enough samples are committed for it yet.
+        """
+        if not self._plan(step):
+            raise StepNotAvailableError(
+                f"step {step} of {self.uri} is not filled yet: {self.committed()} (the "
+                "read policy skips some)")
+        choice = self._choices.get(step)
+        if choice is None:
+            raise ValueError(f"step {step} was planned more than {KEPT_CHOICES} steps ago "
+                             "by this handle: open another to read it")
+        return choice
+
+    # -- what readers ask ----------------------------------------------------------------
+
+    def ended(self, step: int) -> bool:
+        """Whether the stream is sealed and what is left does not fill ``step``."""
+        sealed = self.stream.sealed_at
+        return sealed is not None and not self._plan(step) and self._hi >= sealed
+
+    def ready(self, step: int) -> bool:
+        return self._plan(step)
+
+    def poll(self) -> None:
+        self.stream.poll()
+
+    def committed(self) -> str:
+        return f"{self.stream.num_samples} samples in {self.uri}"
+
+    def check_world(self, world_size: int) -> None:
+        check_world(self.global_batch_size, self.stream.group_size, world_size)
+
+    def cursors(self, step: int) -> list[int]:
+        """Where step ``step`` starts reading (it is planned up to there if need be).
+
+        Raises:
+            StepNotAvailableError: the steps before it are not all committed.
+        """
+        if step not in self._cursors:
+            self.choice(step - 1)
+        return [self._cursors[step]]
+
+    def hold_from(self, step: int) -> list[int]:
+        return self.cursors(step)
+
+    def progress_offsets(self, step: int) -> list[int]:
+        return self.cursors(step)
+
+    def counts(self, step: int) -> dict[str, int] | None:
+        """Samples dropped or masked at ``step``."""
+        return self.choice(step).counts
+
+    def read(self, step: int, rank: int, world_size: int,
+             columns: list[str] | None = None) -> pa.Table:
+        """Rank ``rank`` of ``world_size``'s rows of ``step``: its groups (by tokens with
+        ``balance``), in log order, plus the stale mask with ``on_stale="mask"``."""
+        choice = self.choice(step)
+        g = self.stream.group_size
+        if self.policy.balance is not None:
+            mine = balance_groups(choice.costs, world_size)[rank]
+        else:
+            mine = equal_count(len(choice.groups), world_size)[rank]
+        starts = choice.groups[mine]
+        spans: list[tuple[int, int]] = []
+        for s in starts.tolist():
+            if spans and spans[-1][1] == s:
+                spans[-1] = (spans[-1][0], s + g)
+            else:
+                spans.append((s, s + g))
+        table = self.stream.read_offsets(spans, columns, what=f"step {step}",
+                                         cache=self._cache)
+        if self.policy.max_staleness is not None and self.policy.on_stale == "mask":
+            stale = choice.stale.reshape(-1, g)[mine].ravel()
+            table = table.append_column(STALE_COLUMN, pa.array(stale, pa.bool_()))
+        return table

@@ -1,0 +1,279 @@
+"""Read-time policies on StreamDataset: stale groups dropped (and steps refilled) or masked,
+groups a filter rejects skipped, ranks balanced by tokens; every rank, world size and
+restart derives the same steps."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from torch.utils.data import DataLoader
+
+import lakestream
+from lakestream.loaders import StreamDataset
+from lakestream.producers import Producer
+from lakestream.progress import read_progress
+from tests.helpers import step_ids
+
+B, G = 8, 2
+SCHEMA = pa.schema([
+    ("id", pa.int64()),
+    ("tokens", pa.list_(pa.int32())),
+    ("reward", pa.float32()),
+    ("policy_version", pa.int64()),
+])
+
+
+def group(first_id: int, version: int, *, equal: bool = False, length: int = 3) -> pa.Table:
+    """One group of G samples with ids ``first_id..``; ``equal`` gives them equal rewards."""
+    ids = list(range(first_id, first_id + G))
+    return pa.table({
+        "id": pa.array(ids, pa.int64()),
+        "tokens": pa.array([[i] * (length + j) for j, i in enumerate(ids)],
+                           pa.list_(pa.int32())),
+        "reward": pa.array([1.0] * G if equal else [float(j) for j in range(G)], pa.float32()),
+        "policy_version": pa.array([version] * G, pa.int64()),
+    }, schema=SCHEMA)
+
+
+def varied(rewards: pa.Table) -> bool:
+    """A DAPO filter: keeps groups whose rewards are not all equal."""
+    values = rewards.column("reward").to_pylist()
+    return min(values) != max(values)
+
+
+def _written(tmp_path: Any, groups: int = 120, seal: bool = False) -> str:
+    """A stream whose versions rise by one every 6 groups (1.5 steps), every fifth group
+    three versions behind, a third of whose groups have equal rewards, with lengths
+    varying 1..40 tokens."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B, group_size=G)
+    rng = np.random.default_rng(5)
+    parts = [group(2 * i, max(0, i // 6 - 3 * (i % 5 == 0)), equal=i % 3 == 1,
+                   length=int(rng.integers(1, 40))) for i in range(groups)]
+    for k in range(0, groups, 5):
+        s.append(pa.concat_tables(parts[k:k + 5]))
+    if seal:
+        s.seal()
+    return s.uri
+
+
+POLICY = {"max_staleness": 1, "accept": varied, "accept_columns": ["reward"],
+          "balance": "tokens"}
+
+
+def test_drop_and_filter_fill_every_step_with_kept_groups_only(tmp_path) -> None:
+    uri = _written(tmp_path)
+    counts = []
+    seen: list[int] = []
+    ds = StreamDataset(uri, group=None, timeout=5, max_steps=12, **POLICY)
+    for batch in ds:
+        step = int(batch["step"])
+        versions = batch["policy_version"].tolist()
+        ids = [int(x) for x in batch["id"]]
+        assert len(ids) == B
+        assert all(step - v <= 1 for v in versions)
+        rewards = batch["reward"].tolist()
+        assert all(rewards[j] != rewards[j + 1] for j in range(0, B, G))  # all varied
+        seen += ids
+        counts.append(batch["read_policy"])
+    assert len(seen) == len(set(seen)) == 12 * B
+    assert sum(c["filtered"] for c in counts) > 0
+    assert sum(c["stale_dropped"] for c in counts) > 0
+    # Every sample below the last cursor was either trained or counted as dropped.
+    cursor = int(json.loads(ds.state_dict()["mix"])["cursors"][0])
+    assert len(seen) + sum(c["filtered"] + c["stale_dropped"] for c in counts) == cursor
+
+
+def test_mask_keeps_stale_samples_and_marks_exactly_them(tmp_path) -> None:
+    uri = _written(tmp_path)
+    ds = StreamDataset(uri, group=None, timeout=5, max_steps=10, max_staleness=1,
+                       on_stale="mask")
+    masked = 0
+    for batch in ds:
+        step = int(batch["step"])
+        assert [int(x) for x in batch["id"]] == list(range(step * B, (step + 1) * B))
+        want = [step - int(v) > 1 for v in batch["policy_version"]]
+        assert batch["stale"].tolist() == want
+        assert batch["read_policy"]["stale_masked"] == sum(want)
+        assert batch["read_policy"]["stale_dropped"] == 0
+        masked += sum(want)
+    assert masked > 0
+
+
+@pytest.mark.parametrize("on_stale", ["drop", "mask"])
+def test_max_staleness_holds_exactly_with_producers_racing_ahead_of_a_slow_trainer(
+        tmp_path, on_stale: str) -> None:
+    """Three producers stamp each group with the trainer's published policy version and
+    write as fast as they can, with no admission bound; the trainer is slow. The read-time
+    policy alone keeps what is trained within ``max_staleness``."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B, group_size=G)
+    k, steps = 2, 25
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce(i: int) -> None:
+        try:
+            with Producer(s.uri, f"rollout-{i}") as p:
+                n = 0
+                while not stop.is_set() and n < 2000:
+                    progress = read_progress(p.stream.store, "train")
+                    version = progress.policy_version or 0 if progress else 0
+                    p.write(group(1_000_000 * i + G * n, version))
+                    n += 1
+                    time.sleep(0.002)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=produce, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    ds = StreamDataset(s.uri, group="train", timeout=30, max_steps=steps, max_staleness=k,
+                       on_stale=on_stale, progress_interval_s=0.01)
+    ds.policy_version = 0
+    worst, skipped, trained = 0, 0, []
+    try:
+        for batch in ds:
+            step = int(batch["step"])
+            versions = [int(v) for v in batch["policy_version"]]
+            if on_stale == "drop":
+                worst = max(worst, max(step - v for v in versions))
+                skipped += batch["read_policy"]["stale_dropped"]
+            else:
+                stale = batch["stale"].tolist()
+                assert stale == [step - v > k for v in versions]
+                worst = max([worst, *(step - v for v, x in zip(versions, stale, strict=True)
+                                      if not x)])
+                skipped += batch["read_policy"]["stale_masked"]
+            trained += [int(x) for x in batch["id"]]
+            time.sleep(0.03)  # the trainer is slower than the producers
+            ds.policy_version = step + 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert len(trained) == len(set(trained)) == steps * B
+    assert worst <= k
+    assert skipped > 0, "the producers never got ahead: the test shows nothing"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_reads_its_share_of_the_samestep_ids(tmp_path, world: int) -> None:
+    uri = _written(tmp_path)
+    whole = step_ids(StreamDataset(uri, group=None, timeout=5, max_steps=10, **POLICY))
+    ranks = [step_ids(StreamDataset(uri, group=None, timeout=5, max_steps=10, rank=r,
+                                  world_size=world, **POLICY)) for r in range(world)]
+    for t, (step, ids) in enumerate(whole):
+        parts = [r[t][1] for r in ranks]
+        assert all(r[t][0] == step for r in ranks)
+        assert sorted(x for p in parts for x in p) == sorted(ids)
+        assert all(len(p) == B // world for p in parts)
+        assert all(p[j] % G == 0 and p[j + 1] == p[j] + 1 for p in parts
+                   for j in range(0, len(p), G))  # groups stay whole
+
+
+def test_balancing_by_tokens_evens_the_ranks_out(tmp_path) -> None:
+    uri = _written(tmp_path)
+    world = 2
+
+    def loads(**kwargs: Any) -> list[int]:
+        per_rank = []
+        for r in range(world):
+            ds = StreamDataset(uri, group=None, timeout=5, max_steps=10, rank=r,
+                               world_size=world, **kwargs)
+            per_rank.append([int(b["tokens_lengths"].sum()) for b in ds])
+        return [max(x) for x in zip(*per_rank, strict=True)]
+
+    balanced = loads(balance="tokens")
+    equal = loads(max_staleness=1000)  # a policy that drops nothing: equal shares
+    assert sum(balanced) < sum(equal)
+
+
+def test_resume_with_another_world_size_continues_the_samestep_ids(tmp_path) -> None:
+    uri = _written(tmp_path)
+    whole = step_ids(StreamDataset(uri, group=None, timeout=5, max_steps=12, **POLICY))
+    first = StreamDataset(uri, group=None, timeout=5, max_steps=12, rank=0, world_size=2,
+                          **POLICY)
+    assert step_ids(first, 5) == [(s, ids) for s, ids in step_ids(
+        StreamDataset(uri, group=None, timeout=5, max_steps=5, rank=0, world_size=2,
+                      **POLICY))]
+    state = first.state_dict()
+    assert state["next_step"] == 5
+    resumed = []
+    for r in range(4):
+        ds = StreamDataset(uri, group=None, timeout=5, max_steps=12, rank=r, world_size=4,
+                           **POLICY)
+        ds.load_state_dict(state)
+        resumed.append(step_ids(ds))
+    for t, (step, ids) in enumerate(whole[5:]):
+        assert all(r[t][0] == step for r in resumed)
+        assert sorted(x for r in resumed for x in r[t][1]) == sorted(ids)
+
+
+def test_dataloader_workers_read_the_samestep_ids(tmp_path) -> None:
+    uri = _written(tmp_path)
+    whole = step_ids(StreamDataset(uri, group=None, timeout=5, max_steps=10, **POLICY))
+    ds = StreamDataset(uri, group=None, timeout=5, max_steps=10, **POLICY)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    assert step_ids(loader) == whole
+
+
+def test_a_sealed_stream_ends_when_what_is_left_cannot_fill_a_step(tmp_path) -> None:
+    uri = _written(tmp_path, groups=20, seal=True)
+    got = step_ids(StreamDataset(uri, group=None, timeout=5, accept=varied,
+                               accept_columns=["reward"]))
+    kept = sum(1 for i in range(20) if i % 3 != 1)  # 13 varied groups of 2: 3 steps of 8
+    assert [s for s, _ in got] == list(range(kept * G // B))
+
+
+def test_checkpoint_markers_and_progress_hold_from_the_cursor(tmp_path) -> None:
+    uri = _written(tmp_path)
+    ds = StreamDataset(uri, timeout=5, max_steps=6, progress_interval_s=0.01, **POLICY)
+    step_ids(ds)
+    cursor = int(json.loads(ds.state_dict()["mix"])["cursors"][0])
+    assert cursor > 6 * B  # groups were skipped
+    ds.commit_checkpoint()
+    stream = lakestream.open(uri)
+    assert stream.checkpoints("train")[-1].step == cursor // B
+    progress = read_progress(stream.store, "train")
+    assert progress is not None and progress.step == cursor // B
+
+
+def test_a_policy_takes_over_from_a_log_order_state(tmp_path) -> None:
+    uri = _written(tmp_path)
+    plain = StreamDataset(uri, group=None, timeout=5, max_steps=3)
+    step_ids(plain)
+    ds = StreamDataset(uri, group=None, timeout=5, max_steps=5, **POLICY)
+    ds.load_state_dict(plain.state_dict())
+    got = step_ids(ds)
+    assert [s for s, _ in got] == [3, 4]
+    assert min(x for _, ids in got for x in ids) >= 3 * B
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_staleness": -1}, "max_staleness"),
+    ({"max_staleness": 1, "on_stale": "skip"}, "on_stale"),
+    ({"accept": "yes"}, "accept"),
+    ({"accept": varied, "accept_columns": ["nope"]}, "accept_columns"),
+    ({"balance": "reward"}, "list column"),
+    ({"balance": "nope"}, "not a column"),
+    ({"max_staleness": 1, "shuffle_window": 2}, "log order"),
+])
+def test_bad_policies_are_refused_by_name(tmp_path, kwargs: dict[str, Any],
+                                          message: str) -> None:
+    uri = _written(tmp_path, groups=5)
+    with pytest.raises(ValueError, match=message):
+        StreamDataset(uri, group=None, **kwargs)
+
+
+def test_max_staleness_needs_a_policy_version_column(tmp_path) -> None:
+    from tests.helpers import SCHEMA as PLAIN
+
+    s = lakestream.create(str(tmp_path / "p"), PLAIN, global_batch_size=4)
+    with pytest.raises(ValueError, match="policy_version"):
+        StreamDataset(s.uri, group=None, max_staleness=2)
