@@ -213,6 +213,13 @@ def verify(pipe: Pipeline) -> tuple[dict[str, bool], dict[str, Any]]:
 
     delta_count = int(pa.table(delta_rows).column("n")[0].as_py())
     delta_ok = delta_count == s.num_samples - s.state.reclaimed_below
+    # The samples retention kept, each once and each one the producers wrote (the reclaimed
+    # ones are gone: the count above and the trained ones speak for them).
+    live = pa.table(q.execute("select prompt_id, response from t").read_all())
+    remaining = list(zip(live.column("prompt_id").to_pylist(),
+                         live.column("response").to_pylist(), strict=True))
+    exactly_once = exactly_once and len(set(remaining)) == len(remaining) \
+        and set(remaining) <= committed
     checks = {
         "every produced sample committed exactly once, and trained once or skipped by the "
         "read policy": exactly_once,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,8 @@ from lakestream.stream import Stream
 Accept = Callable[[pa.Table], bool]
 STALE_COLUMN = "stale"
 """The per-sample column a step carries with ``on_stale="mask"``."""
+COUNTS_KEY = "read_policy"
+"""The key of each batch's counts of the samples its step dropped or masked."""
 KEPT_CHOICES = 4096
 VERSION_COLUMNS = ("policy_version_min", "policy_version")
 """The column that gives a sample's oldest policy version, the first the stream has."""
@@ -54,9 +56,20 @@ class ReadPolicy:
             raise ValueError(f"max_staleness must be a non-negative int or None, got {k!r}")
         if self.on_stale not in ("drop", "mask"):
             raise ValueError(f"on_stale must be 'drop' or 'mask', got {self.on_stale!r}")
+        if self.on_stale == "mask" and k is None:
+            raise ValueError("on_stale='mask' marks the samples older than max_staleness: "
+                             "give max_staleness too")
         if self.accept is not None and not callable(self.accept):
             raise ValueError(f"accept must be a function of a group's rows, got "
                              f"{self.accept!r}")
+        if self.accept_columns is not None:
+            if self.accept is None:
+                raise ValueError("accept_columns are the columns accept= reads: give accept "
+                                 "too")
+            if isinstance(self.accept_columns, str) or not all(
+                    isinstance(c, str) for c in self.accept_columns):
+                raise TypeError(f"accept_columns must be a list of column names, got "
+                                f"{self.accept_columns!r}")
 
     @property
     def active(self) -> bool:
@@ -74,9 +87,17 @@ class ReadPolicy:
     def check(self, schema: pa.Schema, uri: str) -> None:
         """Raises ValueError unless ``schema`` has every column the policy reads."""
         names = schema.names
-        if self.max_staleness is not None and version_column(schema) is None:
-            raise ValueError(f"max_staleness needs a policy version: {uri} has none of the "
-                             f"columns {list(VERSION_COLUMNS)}")
+        version = version_column(schema)
+        if self.max_staleness is not None:
+            if version is None:
+                raise ValueError(f"max_staleness needs a policy version: {uri} has none of "
+                                 f"the columns {list(VERSION_COLUMNS)}")
+            if not pa.types.is_integer(schema.field(version).type):
+                raise ValueError(f"max_staleness compares policy versions as integers, and "
+                                 f"{uri}'s {version!r} is {schema.field(version).type}")
+        if COUNTS_KEY in names:
+            raise ValueError(f"{uri} has a column {COUNTS_KEY!r}, where each batch of a "
+                             "read policy carries its counts: rename the column")
         if self.max_staleness is not None and self.on_stale == "mask" \
                 and STALE_COLUMN in names:
             raise ValueError(f"{uri} has a column {STALE_COLUMN!r}, where on_stale='mask' "
@@ -123,6 +144,9 @@ class SelectedSteps:
         self._versions = np.zeros(0, np.int64)
         self._accepted = np.zeros(0, bool)
         self._costs = np.zeros(0, np.int64)
+        self._skipped = (0, 0)
+        """Samples (stale, filtered) dropped from the buffer's front before the next step was
+        filled: that step's choice counts them."""
         self._cache = FragmentCache(64 << 20)  # fragments a step shares with the next
         self._version_column = version_column(stream.schema) \
             if policy.max_staleness is not None else None
@@ -158,7 +182,7 @@ class SelectedSteps:
         g = stream.group_size
         n = (hi - self._hi) // g
         if self._version_column is not None:
-            v = table.column(self._version_column)
+            v = pc.cast(table.column(self._version_column), pa.int64())
             versions = np.asarray(pc.fill_null(v, FRESH).to_numpy(), dtype=np.int64)
         else:
             versions = np.full(hi - self._hi, FRESH, np.int64)
@@ -184,9 +208,42 @@ class SelectedSteps:
         self._hi = hi
         return True
 
-    def _plan(self, step: int) -> bool:
+    def _kept(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per group in the buffer, whether ``step`` may take it, and whether it is stale
+        (when dropping; what is not kept at ``step`` is not kept at any later step)."""
+        k = self.policy.max_staleness
+        if k is None or self.policy.on_stale != "drop":
+            stale = np.zeros(len(self._accepted), bool)
+        else:
+            g = self.stream.group_size
+            stale = np.asarray((self._versions < step - k).reshape(-1, g).any(axis=1))
+        return self._accepted & ~stale, stale
+
+    def _drop_front(self, step: int) -> None:
+        """Drops the groups before the first that ``step`` may take (all, if none), so that a
+        filter rejecting everything does not grow the buffer."""
+        kept, stale = self._kept(step)
+        n = int(np.argmax(kept)) if kept.any() else len(kept)
+        if not n:
+            return
+        g = self.stream.group_size
+        n_stale = int(stale[:n].sum())
+        self._skipped = (self._skipped[0] + n_stale * g, self._skipped[1] + (n - n_stale) * g)
+        self._advance(self._lo + n * g)
+
+    def _advance(self, offset: int) -> None:
+        g = self.stream.group_size
+        groups = (offset - self._lo) // g
+        self._versions = self._versions[offset - self._lo:]
+        self._accepted = self._accepted[groups:]
+        self._costs = self._costs[groups:]
+        self._lo = offset
+
+    def _plan(self, step: int, refresh: bool = False) -> bool:
         """Plans every step up to ``step``; False if the committed samples do not fill it
-        yet."""
+        yet (as this handle sees them; ``refresh`` looks at the log once more first)."""
+        if step < self._next:
+            return True
         if step < self.base_step:
             raise ValueError(f"step {step} is before step {self.base_step}, where this "
                              "handle's planning starts")
@@ -198,18 +255,23 @@ class SelectedSteps:
                                 costs=self._costs, max_staleness=self.policy.max_staleness,
                                 drop_stale=self.policy.on_stale == "drop")
                 if choice is None:
+                    self._drop_front(t)
                     if not self._extend():
-                        return False
+                        if not refresh:
+                            return False
+                        refresh = False
+                        self.stream.refresh()
                     continue
+                stale, filtered = self._skipped
+                if stale or filtered:
+                    choice = replace(choice, stale_dropped=choice.stale_dropped + stale,
+                                     filtered=choice.filtered + filtered)
+                    self._skipped = (0, 0)
                 self._choices[t] = choice
                 self._choices.pop(t - KEPT_CHOICES, None)
                 self._cursors[t + 1] = choice.end
                 self._cursors.pop(t - KEPT_CHOICES, None)
-                used_groups = (choice.end - self._lo) // self.stream.group_size
-                self._versions = self._versions[choice.end - self._lo:]
-                self._accepted = self._accepted[used_groups:]
-                self._costs = self._costs[used_groups:]
-                self._lo = choice.end
+                self._advance(choice.end)
                 self._next = t + 1
             return True
 
@@ -219,7 +281,7 @@ class SelectedSteps:
         Raises:
             StepNotAvailableError: not enough samples are committed for it yet.
         """
-        if not self._plan(step):
+        if not self._plan(step, refresh=True):
             raise StepNotAvailableError(
                 f"step {step} of {self.uri} is not filled yet: {self.committed()} (the "
                 "read policy skips some)")
@@ -262,7 +324,16 @@ class SelectedSteps:
         return self.cursors(step)
 
     def progress_offsets(self, step: int) -> list[int]:
-        return self.cursors(step)
+        """The cursor of ``step`` once it is filled. Until then, its cursor plus every
+        sample after it known to be skipped (they stay skipped): producers held to
+        ``max_lag_steps`` count only what the reader may still take, or a run of skipped
+        groups longer than the bound would stop them and the reader for ever."""
+        if self._plan(step, refresh=True):
+            return self.cursors(step)
+        with self._lock:
+            kept, _ = self._kept(self._next)
+            ahead = int((~kept).sum()) * self.stream.group_size
+            return [self._lo + ahead]
 
     def counts(self, step: int) -> dict[str, int] | None:
         """Samples dropped or masked at ``step``."""

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from lakestream.errors import IncompleteCheckpointError
 from lakestream.failpoints import failpoint
-from lakestream.loaders.dataset import StreamDataset, furthest_state
+from lakestream.loaders.dataset import StreamDataset
 from lakestream.store import open_filesystem
 
 METADATA = ".metadata"
@@ -190,13 +190,12 @@ def save_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     _checked_on_rank_zero(lambda: _check_whole(_Reader(path, fs), checkpoint_id))
+    hold = None
     if dataset is not ds:
         # The trainer process's dataset has not seen what its workers consumed (nor a base
         # they loaded): take both from the loader's state.
-        latest = furthest_state(dataset.state_dict())
-        if latest is not None:
-            ds.load_state_dict(latest)
-    return ds.commit_checkpoint(checkpoint_id=checkpoint_id)
+        hold = ds.load_loader_state(dataset.state_dict())
+    return ds.commit_checkpoint(checkpoint_id=checkpoint_id, hold_offsets=hold)
 
 
 def load_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,

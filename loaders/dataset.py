@@ -16,7 +16,7 @@ from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader
 from lakestream.log import check_group
-from lakestream.selected import Accept, ReadPolicy, SelectedSteps
+from lakestream.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
 from lakestream.steps import Source, Steps, open_mix
 from lakestream.stream import Stream
 
@@ -126,6 +126,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 raise TypeError("uri must be a stream URI or a non-empty list of Source")
         self.uri = " + ".join(s.uri for s in self.sources)
         self.shuffle_window, self.seed, self.epochs = shuffle_window, seed, epochs
+        if isinstance(accept_columns, str):
+            raise TypeError(f"accept_columns must be a list of column names, got "
+                            f"{accept_columns!r}")
         self.policy = ReadPolicy(max_staleness, on_stale, accept,
                                  None if accept_columns is None else tuple(accept_columns),
                                  balance)
@@ -253,7 +256,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                     item[self.step_key] = step
                     counts = reader.steps.counts(step)
                     if counts is not None:
-                        item["read_policy"] = counts
+                        item[COUNTS_KEY] = counts
                 if in_process:
                     self.record_step(step)
                 else:  # this worker's copy: what a StatefulDataLoader saves per worker
@@ -340,12 +343,11 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             and self.epochs is None and self._base == (0, [0]) and not self.policy.active
 
     def _describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"sources": [s.describe() for s in self.sources],
-                               "shuffle_window": self.shuffle_window, "seed": self.seed,
-                               "epochs": self.epochs}
-        if self.policy.active:
-            out["policy"] = self.policy.describe()
-        return out
+        # "policy" is null without one, as in states saved before read policies existed.
+        return {"sources": [s.describe() for s in self.sources],
+                "shuffle_window": self.shuffle_window, "seed": self.seed,
+                "epochs": self.epochs,
+                "policy": self.policy.describe() if self.policy.active else None}
 
     def state_dict(self) -> dict[str, Any]:
         """The resume point: the next step to read (torchdata/DCP ``Stateful``), and for a
@@ -394,6 +396,12 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                     f"state was saved for global batch size {b}, but {self.uri} has "
                     f"{self.global_batch_size}: it belongs to another stream")
             if self.policy.active:  # a policy taking over from log order at that step
+                if "worker_next_step" in state:
+                    raise LakestreamError(
+                        "this loader state was saved in log order, without a read policy; "
+                        "its DataLoader workers would each plan from their own step: resume "
+                        "without the policy, or load the dataset's own state (StreamLoader, "
+                        "save_checkpoint)")
                 self._base = (step, [step * b])
             elif not self._plain:
                 raise LakestreamError(
@@ -405,7 +413,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         else:
             if "worker_next_step" in state:
                 raise LakestreamError(
-                    f"the mix changed since this loader state was saved ({saved['sources']}); "
+                    f"the mix or read policy changed since this loader state was saved "
+                    f"({saved['sources']}, policy {saved.get('policy')}); "
                     "its DataLoader workers would each take over at their own step: resume "
                     "with the mix it was saved with, or load the changed mix from the "
                     "dataset's own state (StreamLoader, save_checkpoint)")
@@ -432,14 +441,31 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                     [s["uri"] for s in saved["sources"]], dict(zip(
                         [s.uri for s in self.sources], self._base[1], strict=True)))
 
+    def load_loader_state(self, state: Any) -> list[int] | None:
+        """Loads the ``StreamDataset`` state inside a DataLoader's state that resumes
+        furthest (steps are consumed in order, so that is the resume point) and returns, per
+        source, the lowest offset any of its workers' states resumes from under a read
+        policy (each worker plans from its own step and cursor, a lagging one from further
+        back), or None without a policy or without a state (a loader not started yet)."""
+        found = dataset_states(state)
+        if not found:
+            return None
+        self.load_state_dict(max(found, key=lambda s: int(s["next_step"])))
+        if not self.policy.active:
+            return None
+        cursors = [json.loads(s["mix"])["cursors"] for s in found]
+        return [min(int(c[i]) for c in cursors) for i in range(len(self.sources))]
+
     def commit_checkpoint(self, step: int | None = None,
-                          checkpoint_id: str | None = None) -> int | None:
+                          checkpoint_id: str | None = None, *,
+                          hold_offsets: Sequence[int] | None = None) -> int | None:
         """Commits the marker "this group has a durable checkpoint resuming at ``step``"
         (default: the next step to read) on every source's stream, each at the first step
         of that stream the resumed run may read. Call it on every rank after the
         distributed checkpoint is saved; rank 0 commits, the others return None. With
         ``keep_last`` set on the dataset, rank 0 then runs retention (``Stream.retain``) on
-        each source.
+        each source. ``hold_offsets`` (per source) holds each from no later than that offset
+        (what ``load_loader_state`` returns).
 
         Returns:
             The log version of the (first source's) marker (rank 0).
@@ -453,8 +479,12 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         if self.rank != 0:
             return None
         step = self.start_step if step is None else step
+        steps = self._source_steps(step)
+        if hold_offsets is not None:
+            steps = [min(s, offset // stream.global_batch_size) for s, offset, stream
+                     in zip(steps, hold_offsets, self.streams, strict=True)]
         versions = [stream.mark_checkpoint(self.group, s, checkpoint_id)
-                    for stream, s in zip(self.streams, self._source_steps(step), strict=True)]
+                    for stream, s in zip(self.streams, steps, strict=True)]
         self.publish_progress()
         if self.keep_last is not None:
             for stream in self.streams:
@@ -462,11 +492,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         return versions[0]
 
 
-def furthest_state(state: Any) -> dict[str, Any] | None:
-    """The ``StreamDataset`` state inside a loader's state that resumes furthest (a
-    ``StatefulDataLoader`` holds one per worker, each as of the last batch it handed out;
-    steps are consumed in order, so the furthest is the resume point), or None if it holds
-    none (a loader not started yet)."""
+def dataset_states(state: Any) -> list[dict[str, Any]]:
+    """Every ``StreamDataset`` state inside a loader's state (a ``StatefulDataLoader`` holds
+    one per worker, each as of the last batch it handed out)."""
     found: list[dict[str, Any]] = []
 
     def walk(node: Any) -> None:
@@ -481,4 +509,5 @@ def furthest_state(state: Any) -> dict[str, Any] | None:
                 walk(value)
 
     walk(state)
-    return max(found, key=lambda s: int(s["next_step"]), default=None)
+    return found
+

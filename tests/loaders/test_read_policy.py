@@ -163,7 +163,7 @@ def test_max_staleness_holds_exactly_with_producers_racing_ahead_of_a_slow_train
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_every_rank_reads_its_share_of_the_samestep_ids(tmp_path, world: int) -> None:
+def test_every_rank_reads_its_share_of_the_same_steps(tmp_path, world: int) -> None:
     uri = _written(tmp_path)
     whole = step_ids(StreamDataset(uri, group=None, timeout=5, max_steps=10, **POLICY))
     ranks = [step_ids(StreamDataset(uri, group=None, timeout=5, max_steps=10, rank=r,
@@ -194,7 +194,7 @@ def test_balancing_by_tokens_evens_the_ranks_out(tmp_path) -> None:
     assert sum(balanced) < sum(equal)
 
 
-def test_resume_with_another_world_size_continues_the_samestep_ids(tmp_path) -> None:
+def test_resume_with_another_world_size_continues_the_same_steps(tmp_path) -> None:
     uri = _written(tmp_path)
     whole = step_ids(StreamDataset(uri, group=None, timeout=5, max_steps=12, **POLICY))
     first = StreamDataset(uri, group=None, timeout=5, max_steps=12, rank=0, world_size=2,
@@ -215,7 +215,7 @@ def test_resume_with_another_world_size_continues_the_samestep_ids(tmp_path) -> 
         assert sorted(x for r in resumed for x in r[t][1]) == sorted(ids)
 
 
-def test_dataloader_workers_read_the_samestep_ids(tmp_path) -> None:
+def test_dataloader_workers_read_the_same_steps(tmp_path) -> None:
     uri = _written(tmp_path)
     whole = step_ids(StreamDataset(uri, group=None, timeout=5, max_steps=10, **POLICY))
     ds = StreamDataset(uri, group=None, timeout=5, max_steps=10, **POLICY)
@@ -263,6 +263,8 @@ def test_a_policy_takes_over_from_a_log_order_state(tmp_path) -> None:
     ({"balance": "reward"}, "list column"),
     ({"balance": "nope"}, "not a column"),
     ({"max_staleness": 1, "shuffle_window": 2}, "log order"),
+    ({"accept_columns": ["reward"]}, "give accept"),
+    ({"on_stale": "mask"}, "give max_staleness"),
 ])
 def test_bad_policies_are_refused_by_name(tmp_path, kwargs: dict[str, Any],
                                           message: str) -> None:
@@ -271,9 +273,150 @@ def test_bad_policies_are_refused_by_name(tmp_path, kwargs: dict[str, Any],
         StreamDataset(uri, group=None, **kwargs)
 
 
+def test_bad_policy_columns_are_refused_by_name(tmp_path) -> None:
+    uri = _written(tmp_path, groups=5)
+    with pytest.raises(TypeError, match="list of column names"):
+        StreamDataset(uri, group=None, accept=varied, accept_columns="reward")
+    for name, t in (("read_policy", pa.int64()), ("policy_version", pa.float32())):
+        schema = pa.schema([("id", pa.int64()), (name, t)] + (
+            [("policy_version", pa.int64())] if name != "policy_version" else []))
+        other = lakestream.create(str(tmp_path / name), schema, global_batch_size=2)
+        with pytest.raises(ValueError, match=name):
+            StreamDataset(other.uri, group=None, max_staleness=1)
+
+
 def test_max_staleness_needs_a_policy_version_column(tmp_path) -> None:
     from tests.helpers import SCHEMA as PLAIN
 
     s = lakestream.create(str(tmp_path / "p"), PLAIN, global_batch_size=4)
     with pytest.raises(ValueError, match="policy_version"):
         StreamDataset(s.uri, group=None, max_staleness=2)
+
+
+def test_a_version_range_counts_from_its_oldest_version(tmp_path) -> None:
+    """A partial rollout resumed under new weights carries ``policy_version_min/max``: its
+    staleness is that of the oldest weights."""
+    schema = pa.schema([("id", pa.int64()), ("policy_version_min", pa.int64()),
+                        ("policy_version_max", pa.int64())])
+    s = lakestream.create(str(tmp_path / "r"), schema, global_batch_size=2, group_size=2)
+    for i in range(6):  # group 2 began under version 0 and finished under version 3
+        oldest = 0 if i == 2 else i
+        s.append(pa.table({"id": [2 * i, 2 * i + 1], "policy_version_min": [oldest] * 2,
+                           "policy_version_max": [i] * 2}, schema=schema))
+    got = step_ids(StreamDataset(s.uri, group=None, timeout=5, max_steps=4,
+                                 max_staleness=1))
+    assert got == [(0, [0, 1]), (1, [2, 3]), (2, [6, 7]), (3, [8, 9])]
+
+
+def test_an_int32_policy_version_is_compared_as_an_integer(tmp_path) -> None:
+    schema = pa.schema([("id", pa.int64()), ("policy_version", pa.int32())])
+    s = lakestream.create(str(tmp_path / "i"), schema, global_batch_size=2, group_size=2)
+    for i in range(4):
+        s.append(pa.table({"id": [2 * i, 2 * i + 1], "policy_version": [0 if i == 1 else i] * 2},
+                          schema=schema))
+    got = step_ids(StreamDataset(s.uri, group=None, timeout=5, max_steps=3, max_staleness=0))
+    assert got == [(0, [0, 1]), (1, [4, 5]), (2, [6, 7])]
+
+
+def test_a_filter_rejecting_everything_keeps_nothing_in_memory(tmp_path) -> None:
+    from lakestream.selected import ReadPolicy, SelectedSteps
+
+    uri = _written(tmp_path, groups=120)
+    steps = SelectedSteps(lakestream.open(uri), ReadPolicy(accept=lambda g: False))
+    assert not steps.ready(0)
+    assert len(steps._versions) == 0 and steps._lo == 120 * G
+    assert steps.progress_offsets(0) == [120 * G]  # everything is known to be skipped
+
+
+def test_a_live_stream_plans_in_the_trainer_process_for_state_markers_and_progress(
+        tmp_path) -> None:
+    """Under StreamLoader with workers the trainer process's dataset reads no steps: it plans
+    them for its state, markers and progress, from a handle opened before the data came."""
+    from lakestream.loaders import StreamLoader
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B, group_size=G)
+    ds = StreamDataset(s.uri, group="train", timeout=10, max_steps=6, progress_interval_s=0.01,
+                       accept=varied, accept_columns=["reward"])
+    for i in range(60):
+        s.append(group(2 * i, 0, equal=i % 2 == 1))
+    got = step_ids(StreamLoader(ds, num_workers=1))
+    assert [t for t, _ in got] == list(range(6))
+    cursor = int(json.loads(ds.state_dict()["mix"])["cursors"][0])
+    assert cursor == 6 * 2 * B - G  # every other group skipped; the last skipped one ahead
+    assert ds.commit_checkpoint() is not None
+    assert lakestream.open(s.uri).checkpoints("train")[-1].step == cursor // B
+    assert ds.publish_errors == 0
+    progress = read_progress(s.store, "train")
+    assert progress is not None and progress.step == cursor // B
+
+
+def test_progress_counts_the_groups_known_skipped_so_bounded_producers_fill_the_step(
+        tmp_path) -> None:
+    """Stale groups landing late, more than max_lag_steps of them, must not stop producers
+    (bounded by the trainer's progress) while the trainer waits for fresh ones."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B, group_size=G)
+    k = 1
+    for i in range(12):
+        s.append(group(2 * i, i // 4))  # 3 fresh steps
+    ds = StreamDataset(s.uri, group="train", timeout=10, max_staleness=k,
+                       progress_interval_s=0.01)
+    it = iter(ds)
+    for _ in range(3):
+        ds.policy_version = int(next(it)["step"]) + 1
+    for i in range(12, 20):  # two steps' worth of groups generated long ago
+        s.append(group(2 * i, 0))
+    ds.publish_progress()
+    with Producer(s.uri, "late", max_lag_steps=k) as p:
+        assert p.wait_for_lag(timeout=5)  # skipped groups do not count as lag
+        for i in range(20, 24):
+            p.write(group(2 * i, 3))
+    batch = next(it)
+    assert int(batch["step"]) == 3 and min(int(x) for x in batch["id"]) == 40
+    assert batch["read_policy"]["stale_dropped"] == 8 * G
+    ds.close()
+
+
+def test_save_checkpoint_with_workers_holds_from_the_least_advanced_worker(tmp_path) -> None:
+    """A StatefulDataLoader's workers each plan from their own saved (step, cursor): the
+    marker must hold from the lowest cursor, or retention reclaims what a lagging worker
+    reads again."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lakestream.loaders import load_checkpoint, save_checkpoint
+
+    uri = _written(tmp_path)
+    kw: dict[str, Any] = {"group": "train", "timeout": 5, "max_steps": 12, "keep_last": 1,
+                          **POLICY}
+    whole = step_ids(StreamDataset(uri, **{**kw, "group": None}))
+    loader = StatefulDataLoader(StreamDataset(uri, **kw), batch_size=None, num_workers=2)
+    it = iter(loader)
+    first = [next(it) for _ in range(5)]
+    assert [int(b["step"]) for b in first] == list(range(5))
+    save_checkpoint({}, str(tmp_path / "ckpt"), loader)
+    del it
+    stream = lakestream.open(uri)
+    assert stream.state.reclaimed_below > 0  # retention ran
+    resumed = StatefulDataLoader(StreamDataset(uri, **kw), batch_size=None, num_workers=2)
+    load_checkpoint({}, str(tmp_path / "ckpt"), resumed)
+    assert step_ids(resumed) == whole[5:]
+
+
+def test_a_policy_change_under_worker_states_is_refused(tmp_path) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lakestream.errors import LakestreamError
+
+    uri = _written(tmp_path)
+    for before, after in (({}, POLICY), (POLICY, {})):
+        loader = StatefulDataLoader(StreamDataset(uri, group=None, max_steps=8, timeout=5,
+                                                  **before), batch_size=None, num_workers=2)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = loader.state_dict()
+        del it
+        other = StatefulDataLoader(StreamDataset(uri, group=None, max_steps=8, timeout=5,
+                                                 **after), batch_size=None, num_workers=2)
+        other.load_state_dict(state)
+        with pytest.raises(LakestreamError, match="read policy|log order"):
+            list(other)
