@@ -1,12 +1,21 @@
-"""Loader benchmark: one trainer rank reading the same RL samples three ways, in one run.
+"""Loader benchmark: one trainer rank reading the same RL samples four ways, in one run.
 
-(a) Lakestream ``StreamDataset`` (prefetching reader threads), through a DataLoader;
-(b) a colocated map-style Dataset reading and decoding the same Parquet files;
-(c) MosaicML Streaming over the same samples written with ``MDSWriter``;
-each with ``num_workers`` 0 and 2, all producing the same padded tensors per global batch;
-then Lakestream's step read latency on the local store and on a SeaweedFS S3 server.
+(a) Lakestream ``StreamDataset`` (prefetching reader threads), through ``StreamLoader``;
+(b) ``colocated-samples``: a map-style Dataset over the same Parquet fragments, one sample
+    per ``__getitem__`` (each file decoded once per worker), batched by the DataLoader: the
+    common PyTorch pattern;
+(c) ``colocated-batches``: one Parquet file per global batch, read whole and padded with
+    vectorised numpy, one batch per ``__getitem__``;
+(d) MosaicML Streaming over the same samples written with ``MDSWriter``;
+each with ``num_workers`` 0 and 2, all producing the same padded tensors per global batch,
+in interleaved repetitions (every configuration of repetition r before any of r + 1). Each
+measurement is steady state, from the first batch to the last: MB/s of Arrow sample bytes,
+and CPU-s per GB over the trainer process and its worker processes (read from /proc between
+the same two batches, so worker start-up is excluded). Lakestream also runs with
+``collate="packed"``, and on a SeaweedFS S3 server; its read amplification (bytes fetched
+from the store per byte stored of the samples delivered) is counted on both.
 
-Usage: bench/setup-env && .venv-bench/bin/python bench/loader.py [--samples 16384]
+Usage: bench/setup-env && .venv-bench/bin/python bench/loader.py [--samples 65536] [--reps 3]
 Writes bench/results/loader.json and bench/results/loader.png.
 """
 
@@ -15,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +45,7 @@ for _name in ("streaming.vision", "streaming.multimodal"):
     sys.modules.setdefault(_name, types.ModuleType(_name))
 
 import payload  # noqa: E402
+from reps import median, spread, summarise  # noqa: E402
 
 import lakestream  # noqa: E402
 from lakestream.loaders import StreamDataset, StreamLoader  # noqa: E402
@@ -100,19 +111,154 @@ def _split(col: Any) -> list[np.ndarray]:
     return [values[offsets[k]:offsets[k + 1]] for k in range(len(arr))]
 
 
-def _drain(loader: Any, sample_bytes: float) -> dict[str, float]:
-    """Steady-state throughput: timed from the first batch (worker start-up excluded)."""
-    t_start = time.perf_counter()
-    it = iter(loader)
-    next(it)
-    t0 = time.perf_counter()
-    samples = steps = 0
-    for batch in it:
-        samples += int(batch["tokens"].shape[0])
-        steps += 1
-    dt = time.perf_counter() - t0
-    return {"samples_per_s": samples / dt, "mb_per_s": samples * sample_bytes / dt / 1e6,
-            "steps": steps + 1, "seconds": dt, "first_batch_s": t0 - t_start}
+class BatchFiles(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """The second colocated baseline: one Parquet file per global batch, read whole and
+    padded with vectorised numpy."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        t = pq.read_table(self.paths[i])
+        out: dict[str, torch.Tensor] = {}
+        for name in ("tokens", "logprobs"):
+            arr = t.column(name).combine_chunks()
+            offsets = arr.offsets.to_numpy()
+            values = arr.values.to_numpy()[offsets[0]:offsets[-1]]
+            lengths = np.diff(offsets)
+            width = int(lengths.max())
+            padded = np.zeros((len(lengths), width), dtype=values.dtype)
+            padded[np.arange(width)[None, :] < lengths[:, None]] = values
+            out[name] = torch.from_numpy(padded)
+            out[f"{name}_lengths"] = torch.from_numpy(lengths.astype(np.int64))
+        for name in ("prompt_id", "reward", "policy_version"):
+            out[name] = torch.from_numpy(t.column(name).to_numpy().copy())
+        return out
+
+
+def _children() -> list[int]:
+    """This process's child processes (DataLoader workers, a resource tracker)."""
+    me = str(os.getpid())
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me:
+                found.append(int(pid))
+    return found
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_of(pids: list[int], last: dict[int, float]) -> dict[int, float]:
+    """CPU seconds of each of ``pids`` (the last value seen for one that has exited)."""
+    out = dict(last)
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[pid] = (int(fields[11]) + int(fields[12])) / _TICK
+        except OSError:
+            pass
+    return out
+
+
+MIN_SECONDS = 5.0
+"""Each measurement reads the whole stream as many times as it takes to last this long."""
+
+
+def _drain(make: Any, sample_bytes: float, skip: int = 1) -> dict[str, float]:
+    """Steady state, from the ``skip``-th batch to the last of each pass, over passes until
+    ``MIN_SECONDS``: samples and MB per second, and CPU-s per GB of this process and its
+    workers. A DataLoader takes batches from its workers in turn, so once ``num_workers``
+    batches came every worker has started: start-up is excluded."""
+    samples = steps = passes = 0
+    seconds = main_cpu = workers_cpu = first_batch = 0.0
+    while seconds < MIN_SECONDS and passes < 20:
+        t_start = time.perf_counter()
+        it = iter(make())
+        for _ in range(skip):
+            next(it)
+        t0, main0 = time.perf_counter(), time.process_time()
+        first_batch += t0 - t_start
+        pids = _children()
+        start = _cpu_of(pids, {})
+        now = start
+        t1, main1 = t0, main0
+        for batch in it:
+            samples += int(batch["prompt_id"].shape[0])
+            steps += 1
+            t1, main1 = time.perf_counter(), time.process_time()
+            if pids:
+                now = _cpu_of(pids, now)
+        del it
+        seconds += t1 - t0
+        main_cpu += main1 - main0
+        workers_cpu += sum(now[p] - start.get(p, now[p]) for p in now)
+        passes += 1
+    gb = samples * sample_bytes / 1e9
+    return {"samples_per_s": samples / seconds, "mb_per_s": samples * sample_bytes / seconds / 1e6,
+            "cpu_s_per_gb": (main_cpu + workers_cpu) / gb,
+            "worker_cpu_share": workers_cpu / max(main_cpu + workers_cpu, 1e-9),
+            "steps": steps, "passes": passes, "seconds": seconds,
+            "first_batch_s": first_batch / passes}
+
+
+def measure(config: dict[str, Any], system: str, workers: int) -> dict[str, Any]:
+    """One measurement of ``system`` at ``workers`` on the data ``config`` names (run in a
+    process of its own, so that no measurement inherits another's memory or threads)."""
+    from streaming import StreamingDataset
+
+    # Tensors cross from workers through files rather than one descriptor each: on 2 cores
+    # the default caps every loader with workers near 80 MB/s. Same setting for all.
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    kw: dict[str, Any] = {"num_workers": workers}
+    if workers:
+        kw["multiprocessing_context"] = "spawn"
+    uri, options = config["uri"], config.get("options")
+    steps = lakestream.open(uri, storage_options=options).num_steps
+
+    def ours(collate: str = "padded") -> Any:
+        return StreamLoader(StreamDataset(uri, group=None, rank=0, world_size=1,
+                                          max_steps=steps, collate=collate,
+                                          storage_options=options, progress_interval_s=0),
+                            **kw)
+
+    makers = {
+        "lakestream": ours,
+        "lakestream-s3": ours,
+        "lakestream-packed": lambda: ours("packed"),
+        "colocated-samples": lambda: torch.utils.data.DataLoader(
+            ParquetSamples([tuple(f) for f in config["files"]]), batch_size=B,
+            collate_fn=collate_samples, **kw),
+        "colocated-batches": lambda: torch.utils.data.DataLoader(
+            BatchFiles(config["batches"]), batch_size=None, **kw),
+        "mosaic-streaming": lambda: torch.utils.data.DataLoader(
+            StreamingDataset(local=config["mds"], batch_size=B, shuffle=False),
+            batch_size=B, collate_fn=collate_samples, **kw),
+    }
+    return _drain(makers[system], config["sample_bytes"], skip=max(1, workers))
+
+
+def _measured(config_path: str, system: str, workers: int, rep: int) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, __file__, "--measure", config_path, system,
+                          str(workers)], capture_output=True, text=True, timeout=900)
+    if out.returncode:
+        raise RuntimeError(f"{system} workers={workers} failed: {out.stderr[-3000:]}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r.update(system=system, num_workers=workers, rep=rep)
+    print(f"rep {rep} {system:18} workers={workers}  {r['mb_per_s']:7.1f} MB/s "
+          f"{r['cpu_s_per_gb']:5.1f} CPU-s/GB ({r['seconds']:.1f} s, {r['passes']} passes)",
+          flush=True)
+    return r
 
 
 def build(root: str, samples: int, options: dict[str, str] | None = None,
@@ -123,6 +269,17 @@ def build(root: str, samples: int, options: dict[str, str] | None = None,
     for k in range(samples // FRAGMENT):
         s.append(payload.rollouts(FRAGMENT, G, seed=k, first_prompt=k * FRAGMENT // G))
     return s
+
+
+def batch_files(root: str, stream: lakestream.Stream) -> list[str]:
+    """The stream's steps as one zstd Parquet file each (the colocated-batches input)."""
+    os.makedirs(f"{root}/batches")
+    paths = []
+    for step in range(stream.num_steps):
+        paths.append(f"{root}/batches/{step:06d}.parquet")
+        pq.write_table(stream.read_step(step), paths[-1], compression="zstd",
+                       compression_level=1)
+    return paths
 
 
 def mosaic(root: str, stream: lakestream.Stream) -> str:
@@ -142,65 +299,113 @@ def mosaic(root: str, stream: lakestream.Stream) -> str:
     return out
 
 
+class _Counted:
+    """Counts the bytes a store's reads return (read amplification)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.bytes = store, 0
+        for name in ("get", "get_range"):
+            real = getattr(store, name)
+
+            def counted(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                data = _real(*args, **kwargs)
+                self.bytes += len(data)
+                return data
+
+            setattr(store, name, counted)
+
+
+def amplification(stream: lakestream.Stream) -> dict[str, float]:
+    """One pass over every step at ``num_workers=0``: bytes fetched from the store per byte
+    stored of the fragments delivered, and per byte of the Arrow tables delivered."""
+    ds = StreamDataset(stream.uri, group=None, rank=0, world_size=1, max_steps=stream.num_steps,
+                       storage_options=stream.storage_options, progress_interval_s=0,
+                       collate=lambda table: table)
+    counted = _Counted(ds.stream.store)
+    arrow = sum(table.nbytes for table in ds)
+    stored = sum(f.size for f in stream.state.all_fragments())
+    return {"fetched_bytes": counted.bytes, "stored_bytes": stored,
+            "per_stored_byte": counted.bytes / stored, "per_arrow_byte": counted.bytes / arrow}
+
+
+SYSTEMS = ("lakestream", "lakestream-packed", "colocated-samples", "colocated-batches",
+           "mosaic-streaming")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=16384)
+    parser.add_argument("--samples", type=int, default=65536)
+    parser.add_argument("--s3-samples", type=int, default=16384)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--measure", nargs=3, metavar=("CONFIG", "SYSTEM", "WORKERS"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from streaming import StreamingDataset
-
-    # Tensors cross from workers through files rather than one descriptor each: on 2 cores
-    # the default caps every loader with workers near 80 MB/s. Same setting for all three.
-    torch.multiprocessing.set_sharing_strategy("file_system")
-
+    if args.measure:
+        path, system, workers = args.measure
+        config = json.loads(Path(path).read_text())
+        print(json.dumps(measure(config, system, int(workers))), flush=True)
+        return
     result: dict[str, Any] = {"command": " ".join(["bench/loader.py", *sys.argv[1:]]),
                               "samples": args.samples, "global_batch_size": B, "runs": []}
     with tempfile.TemporaryDirectory() as root:
         s = build(root, args.samples)
-        sample_bytes = payload.rollouts(256, G, seed=99).nbytes / 256
-        files = [(f"{s.uri}/{f.path}", f.rows) for f in s.state.all_fragments()]
-        mds = mosaic(root, s)
-        for workers in (0, 2):
-            kw: dict[str, Any] = {"num_workers": workers}
-            if workers:
-                kw.update(multiprocessing_context="spawn", persistent_workers=False)
-            runs = {
-                "lakestream": lambda kw=kw: StreamLoader(
-                    StreamDataset(s.uri, group=None, rank=0, world_size=1, max_steps=s.num_steps,
-                                  progress_interval_s=0), **kw),
-                "colocated-parquet": lambda kw=kw: torch.utils.data.DataLoader(
-                    ParquetSamples(files), batch_size=B, collate_fn=collate_samples, **kw),
-                "mosaic-streaming": lambda kw=kw: torch.utils.data.DataLoader(
-                    StreamingDataset(local=mds, batch_size=B, shuffle=False),
-                    batch_size=B, collate_fn=collate_samples, **kw),
-            }
-            for name, make in runs.items():
-                r = _drain(make(), sample_bytes)
-                r.update(system=name, num_workers=workers)
-                result["runs"].append(r)
-                print(f"{name:18} workers={workers}  {r['samples_per_s']:8.0f} samples/s "
-                      f"{r['mb_per_s']:7.1f} MB/s", flush=True)
+        config = {"uri": s.uri, "sample_bytes": payload.rollouts(256, G, seed=99).nbytes / 256,
+                  "files": [(f"{s.uri}/{f.path}", f.rows) for f in s.state.all_fragments()],
+                  "batches": batch_files(root, s), "mds": mosaic(root, s)}
+        local = f"{root}/local.json"
+        Path(local).write_text(json.dumps(config))
+        for rep in range(args.reps):
+            for workers in (0, 2):
+                for system in SYSTEMS:
+                    result["runs"].append(_measured(local, system, workers, rep))
         result["latency"] = {"local": _latency(s)}
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        result["amplification"] = {"local": amplification(s)}
         from tests.s3server import start_s3
 
         server = start_s3("bench-loader")
         try:
-            remote = build(root, min(args.samples, 2048), server.options(),
+            remote = build(root, args.s3_samples, server.options(),
                            uri="s3://bench-loader/stream")
             result["latency"]["s3"] = _latency(remote)
+            result["amplification"]["s3"] = amplification(remote)
+            s3 = f"{root}/s3.json"
+            Path(s3).write_text(json.dumps({**config, "uri": remote.uri,
+                                            "options": server.options()}))
+            for rep in range(args.reps):
+                for workers in (0, 2):
+                    result["runs"].append(_measured(s3, "lakestream-s3", workers, rep))
         finally:
             server.stop()
-    ratios = {}
-    for w in (0, 2):
-        get = {r["system"]: r["samples_per_s"] for r in result["runs"] if r["num_workers"] == w}
-        ratios[f"workers={w}"] = {"vs_colocated": get["lakestream"] / get["colocated-parquet"],
-                                  "vs_mosaic": get["lakestream"] / get["mosaic-streaming"]}
-    result["ratios"] = ratios
-    print("lakestream ratios:", json.dumps(ratios))
+    result["systems"] = summarise(result["runs"], lambda r: (r["system"], r["num_workers"]),
+                                  by="mb_per_s")
+    result["ratios"] = ratios(result["runs"])
+    print("lakestream ratios:", json.dumps(result["ratios"], indent=1))
+    print("read amplification:", json.dumps(result["amplification"]))
     print("step read latency (ms):", json.dumps(result["latency"]))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "loader.json").write_text(json.dumps(result, indent=1))
     plot(result, RESULTS / "loader.png")
+
+
+def ratios(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Lakestream's MB/s over each peer's, per repetition, summarised: at equal
+    ``num_workers``, and each at its best setting (the better median of 0 and 2)."""
+    def mb(system: str, workers: int) -> list[float]:
+        return [r["mb_per_s"] for r in sorted(runs, key=lambda r: r["rep"])
+                if r["system"] == system and r["num_workers"] == workers]
+
+    def best(system: str) -> int:
+        return max((0, 2), key=lambda w: median(mb(system, w)))
+
+    out = {}
+    for peer in ("colocated-samples", "colocated-batches", "mosaic-streaming"):
+        for w in (0, 2):
+            out[f"vs {peer} at workers={w}"] = spread(
+                [a / b for a, b in zip(mb("lakestream", w), mb(peer, w), strict=True)])
+        ours, theirs = best("lakestream"), best(peer)
+        out[f"vs {peer}, each at its best (workers {ours} vs {theirs})"] = spread(
+            [a / b for a, b in zip(mb("lakestream", ours), mb(peer, theirs), strict=True)])
+    return out
 
 
 def _latency(stream: lakestream.Stream) -> dict[str, float]:
@@ -222,18 +427,25 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    systems = ["lakestream", "colocated-parquet", "mosaic-streaming"]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    systems = [r["system"] for r in result["systems"] if r["num_workers"] == 0]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4))
     width = 0.38
     for k, w in enumerate((0, 2)):
-        vals = [next(r["mb_per_s"] for r in result["runs"]
-                     if r["system"] == name and r["num_workers"] == w) for name in systems]
-        ax.bar(np.arange(3) + (k - 0.5) * width, vals, width, label=f"num_workers={w}")
-    ax.set_xticks(np.arange(3), systems)
-    ax.set_ylabel("MB/s decoded into padded tensors (one rank)")
-    ax.set_title("Reading the same RL samples, 2-core machine")
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
+        rows = [next(r for r in result["systems"] if r["system"] == name
+                     and r["num_workers"] == w) for name in systems]
+        x = np.arange(len(systems)) + (k - 0.5) * width
+        mid = [r["mb_per_s"] for r in rows]
+        ax.bar(x, mid, width, label=f"num_workers={w}",
+               yerr=[[m - r["mb_per_s_min"] for m, r in zip(mid, rows, strict=True)],
+                     [r["mb_per_s_max"] - m for m, r in zip(mid, rows, strict=True)]])
+        bx.bar(x, [r["cpu_s_per_gb"] for r in rows], width, label=f"num_workers={w}")
+    for a, label in ((ax, "MB/s into padded tensors (median, min-max)"),
+                     (bx, "CPU-s per GB (trainer + workers)")):
+        a.set_xticks(np.arange(len(systems)), systems, rotation=20, fontsize=8)
+        a.set_ylabel(label)
+        a.legend()
+        a.grid(axis="y", alpha=0.3)
+    ax.set_title("Reading the same RL samples, one rank, 2-core machine")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

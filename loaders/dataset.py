@@ -251,7 +251,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         try:
             for step, table in reader.read(steps):
                 item = self.collate(table) if callable(self.collate) else collate_table(
-                    table, self.collate)
+                    table, self.collate, shared=not in_process)
                 if isinstance(item, dict):
                     item[self.step_key] = step
                     counts = reader.steps.counts(step)

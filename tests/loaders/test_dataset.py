@@ -71,6 +71,22 @@ def test_padded_and_packed_collate() -> None:
     assert packed["tokens_offsets"].tolist() == [0, 3, 4]
 
 
+@pytest.mark.parametrize("mode", ["padded", "packed"])
+def test_shared_collate_makes_the_same_tensors_in_shared_memory(mode: str) -> None:
+    """What a DataLoader worker makes: the same tensors, already in shared memory, so that
+    handing them to the trainer process copies nothing more."""
+    table = pa.table({"id": pa.array([1, 2, 3], pa.int64()),
+                      "tokens": pa.array([[1, 2, 3], [4], []], pa.list_(pa.int32())),
+                      "reward": pa.array([0.5, 1.5, 2.5], pa.float32())})
+    plain, shared = collate_table(table, mode), collate_table(table, mode, shared=True)
+    assert plain.keys() == shared.keys()
+    for key, value in plain.items():
+        assert torch.equal(value, shared[key]) and value.dtype == shared[key].dtype, key
+    assert shared["tokens"].is_shared() and shared["id"].is_shared()
+    assert not plain["tokens"].is_shared()
+    shared["tokens"][0] = 9  # writable, like the copies it replaces
+
+
 def test_a_callable_collate_gets_the_table(tmp_path) -> None:
     s = _stream(str(tmp_path / "s"), 2)
     ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=2, collate=lambda t: t.num_rows)
