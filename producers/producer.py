@@ -328,13 +328,15 @@ class Producer:
             self._pending_rows -= sum(u.rows for u in fragments)
             self._cond.notify_all()
 
-    def _lag_steps(self) -> float:
-        """Steps ahead of the group's progress, counting this producer's own writes that
-        are not committed yet: a backlog waiting for its commit lands in later steps."""
+    def _lag_steps(self) -> int:
+        """Whole steps ahead of the group's progress, counting this producer's own writes
+        that are not committed yet (a backlog waiting for its commit lands in later steps).
+        Whole steps: a step partly filled is the one the trainer waits for, and with
+        ``max_lag_steps=0`` a producer must be able to fill it."""
         with self._cond:
             pending = self._pending_rows
         b = self._stream.global_batch_size
-        return (self._stream.num_samples + pending) / b - self._progress_step
+        return (self._stream.num_samples + pending) // b - self._progress_step
 
     def wait_for_lag(self, timeout: float | None = None) -> bool:
         """Blocks while committed steps exceed the consumer group's progress by more than

@@ -171,6 +171,24 @@ def test_wait_for_lag_gives_up_after_its_timeout_and_admits_nothing(tmp_path) ->
         assert p.wait_for_lag(timeout=5)
 
 
+def test_max_lag_steps_zero_lets_one_producer_fill_the_step_the_trainer_waits_for(
+        tmp_path) -> None:
+    """With groups smaller than a step, the lag counted in fractions of a step stopped a
+    lone producer after its first group, and the trainer waited for a step never filled."""
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4, group_size=2)
+    with Producer(uri, "w", max_lag_steps=0,
+                  options=ProducerOptions(progress_poll_s=0.01)) as p:
+        for i in range(2):
+            assert p.wait_for_lag(timeout=2)
+            p.write(rows(2 * i, 2))
+            p.flush()
+        assert not p.wait_for_lag(timeout=0.2)  # step 0 is full; the trainer is at 0
+        publish_progress(s.store, "train", step=1, policy_version=1)
+        assert p.wait_for_lag(timeout=5)
+    assert _all_ids(s) == list(range(4))
+
+
 def test_status_lists_orphans(tmp_path) -> None:
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=4)
