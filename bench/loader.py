@@ -8,8 +8,9 @@
     vectorised numpy, one batch per ``__getitem__``;
 (d) MosaicML Streaming over the same samples written with ``MDSWriter``;
 each with ``num_workers`` 0 and 2, all producing the same padded tensors per global batch,
-in interleaved repetitions (every configuration of repetition r before any of r + 1). Each
-measurement is steady state, from the first batch to the last: MB/s of Arrow sample bytes,
+in interleaved repetitions (every configuration of repetition r before any of r + 1), with
+torch's default sharing strategy. Each measurement is steady state, from the batch by which
+every worker has started to the last: MB/s of Arrow sample bytes,
 and CPU-s per GB over the trainer process and its worker processes (read from /proc between
 the same two batches, so worker start-up is excluded). Lakestream also runs with
 ``collate="packed"``, and on a SeaweedFS S3 server; its read amplification (bytes fetched
@@ -27,6 +28,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -217,9 +219,6 @@ def measure(config: dict[str, Any], system: str, workers: int) -> dict[str, Any]
     process of its own, so that no measurement inherits another's memory or threads)."""
     from streaming import StreamingDataset
 
-    # Tensors cross from workers through files rather than one descriptor each: on 2 cores
-    # the default caps every loader with workers near 80 MB/s. Same setting for all.
-    torch.multiprocessing.set_sharing_strategy("file_system")
     kw: dict[str, Any] = {"num_workers": workers}
     if workers:
         kw["multiprocessing_context"] = "spawn"
@@ -304,12 +303,14 @@ class _Counted:
 
     def __init__(self, store: Any) -> None:
         self.store, self.bytes = store, 0
+        lock = threading.Lock()
         for name in ("get", "get_range"):
             real = getattr(store, name)
 
             def counted(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
                 data = _real(*args, **kwargs)
-                self.bytes += len(data)
+                with lock:
+                    self.bytes += len(data)
                 return data
 
             setattr(store, name, counted)

@@ -257,6 +257,13 @@ def _balance_section(balance: dict[str, Any]) -> list[str]:
     return out
 
 
+def _worker_costs(loader: dict[str, Any]) -> list[tuple[str, float]]:
+    """Per system, its CPU per GB with 2 workers over that with none (medians)."""
+    cpu = {(x["system"], x["num_workers"]): x["cpu_s_per_gb"] for x in loader["systems"]}
+    return [(name, cpu[(name, 2)] / cpu[(name, 0)]) for name, w in cpu
+            if w == 0 and (name, 2) in cpu]
+
+
 def _loader_section(loader: dict[str, Any]) -> list[str]:
     out = ["## Loaders (`bench/loader.py`)", "",
            f"One rank reading {loader['samples']:,} RL samples (B = {loader['global_batch_size']}) "
@@ -291,15 +298,20 @@ def _loader_section(loader: dict[str, Any]) -> list[str]:
             + ". Step read latency p50/p99 (rank 0 of 2, nothing prefetched): "
             + ", ".join(f"{k} {v['p50_ms']:.1f}/{v['p99_ms']:.1f} ms"
                         for k, v in loader["latency"].items()) + ".", "",
-            "Reader threads in the trainer process are the fast path: DataLoader workers "
-            "cost every loader here 1.6-1.9 times the CPU per GB, Lakestream included. What "
-            "was measured of it (a 32,768-sample stream, passes of 5 s): one worker costs as "
+            "Reader threads in the trainer process are the fast path for the loaders that "
+            "read Parquet: 2 workers cost them, per GB, "
+            + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in _worker_costs(loader))
+            + " the CPU of none (MosaicML Streaming, slow in one process, is the exception). "
+            "What was measured of it (a 32,768-sample stream, passes of 5 s): one worker costs as "
             "much per GB as two (7.3-8.1 CPU-s/GB against 4.6-4.8 in the trainer process), so "
             "it is not the two workers' threads contending for the cores; freezing the "
             "garbage collector's heap in workers, or one reader thread per worker, changed "
             "nothing. Collating into shared memory in workers, so that handing a batch to the "
             "trainer process copies nothing more, took 2 workers from 227 to 259 MB/s "
-            "(medians of 3 interleaved pairs; 8.3 to 7.3 CPU-s/GB) and is in.", "",
+            "(medians of 3 interleaved pairs outside this benchmark; 8.3 to 7.3 CPU-s/GB) and "
+            "is in the figures above. The window starts once the pipeline is primed and ends "
+            "as it drains, which favours loaders that read ahead (Lakestream) by an amount "
+            "not measured.", "",
             f"Command: `{loader['command'].strip()}`", ""]
     return out
 

@@ -88,10 +88,10 @@ def collate_table(table: pa.Table, mode: str = "padded", *,
             values, offsets = _flat(col)
             if mode == "packed":
                 out[field.name] = _copy(values, shared)
-                out[f"{field.name}_offsets"] = torch.from_numpy(offsets)
+                out[f"{field.name}_offsets"] = _copy(offsets, shared)
             else:
                 out[field.name], lengths = _pad(values, offsets, shared)
-                out[f"{field.name}_lengths"] = torch.from_numpy(lengths)
+                out[f"{field.name}_lengths"] = _copy(lengths, shared)
         elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) \
                 and not col.null_count:
             out[field.name] = _copy(col.to_numpy(), shared)
