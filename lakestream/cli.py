@@ -8,7 +8,9 @@ import dataclasses
 import itertools
 import json
 import re
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -108,10 +110,29 @@ def _options(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def tail(stream: Stream, interval: float, count: int, group: str, as_json: bool) -> None:
-    """Prints a line every ``interval`` seconds: version, steps, rates, producers, lag."""
+    """Prints a line every ``interval`` seconds: version, steps, rates, producers, lag.
+
+    Ctrl-C (SIGINT) ends it between lines, as ``KeyboardInterrupt``: raised anywhere else, in
+    the middle of a read with the shared thread pool, it could leave the pool's lock taken
+    and the process hung at exit."""
+    interrupted = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    else:  # signals reach the main thread only; nothing to take over
+        previous = None
+    try:
+        _tail(stream, interval, count, group, as_json, interrupted)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _tail(stream: Stream, interval: float, count: int, group: str, as_json: bool,
+          interrupted: threading.Event) -> None:
     last_t, last_samples, n = time.monotonic(), stream.num_samples, 0
     while count <= 0 or n < count:
-        time.sleep(interval if n else 0)
+        if interrupted.wait(interval if n else 0):
+            raise KeyboardInterrupt
         stream.refresh()
         now = time.monotonic()
         rate = (stream.num_samples - last_samples) / max(now - last_t, 1e-9)
