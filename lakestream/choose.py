@@ -45,6 +45,19 @@ class Choice:
                 "stale_masked": int(self.stale.sum())}
 
 
+def kept(step: int, group_size: int, versions: np.ndarray, accepted: np.ndarray,
+         max_staleness: int | None, drop_stale: bool
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group, whether ``step`` may take it and whether it is stale, and per sample
+    whether it is stale (what is not kept at ``step`` is not kept at any later step)."""
+    n = len(accepted)
+    stale = np.zeros(len(versions), bool) if max_staleness is None \
+        else np.asarray(versions < step - max_staleness)
+    group_stale = np.asarray(stale.reshape(n, group_size).any(axis=1)) if n \
+        else np.zeros(0, bool)
+    return (accepted & ~group_stale if drop_stale else accepted), group_stale, stale
+
+
 def choose(step: int, cursor: int, group_size: int, groups: int, *, versions: np.ndarray,
            accepted: np.ndarray, costs: np.ndarray, max_staleness: int | None,
            drop_stale: bool) -> Choice | None:
@@ -62,10 +75,7 @@ def choose(step: int, cursor: int, group_size: int, groups: int, *, versions: np
     if len(versions) != n * g or len(costs) != n:
         raise ValueError(f"{len(versions)} versions and {len(costs)} costs for {n} groups "
                          f"of {g}")
-    stale = np.zeros(len(versions), bool) if max_staleness is None \
-        else np.asarray(versions < step - max_staleness)
-    group_stale = np.asarray(stale.reshape(n, g).any(axis=1)) if n else np.zeros(0, bool)
-    keep = accepted & ~group_stale if drop_stale else accepted
+    keep, group_stale, stale = kept(step, g, versions, accepted, max_staleness, drop_stale)
     taken = np.flatnonzero(keep)[:groups]
     if len(taken) < groups:
         return None

@@ -243,7 +243,7 @@ class MixPlan:
         for i, s in enumerate(self.sources):
             share = s.take // world_size
             offsets, _ = self._offsets(i, step, np.arange(rank * share, (rank + 1) * share))
-            out.append(_runs(offsets))
+            out.append(runs(offsets))
         return out
 
     def needed(self, step: int) -> list[int]:
@@ -272,7 +272,7 @@ class MixPlan:
                 for i, c in enumerate(self.cursor(step))]
 
 
-def _runs(offsets: np.ndarray) -> list[tuple[int, int]]:
+def runs(offsets: np.ndarray) -> list[tuple[int, int]]:
     """Consecutive offsets merged into ``[lo, hi)`` ranges, in order."""
     if offsets.size == 0:
         return []

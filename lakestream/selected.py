@@ -19,9 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakestream.balance import balance_groups, equal_count
-from lakestream.choose import FRESH, Choice, choose
+from lakestream.choose import FRESH, Choice, choose, kept
 from lakestream.errors import StepNotAvailableError
 from lakestream.fragment import FragmentCache
+from lakestream.mix import runs
 from lakestream.plan import check_world
 from lakestream.stream import Stream
 
@@ -210,14 +211,11 @@ class SelectedSteps:
 
     def _kept(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """Per group in the buffer, whether ``step`` may take it, and whether it is stale
-        (when dropping; what is not kept at ``step`` is not kept at any later step)."""
-        k = self.policy.max_staleness
-        if k is None or self.policy.on_stale != "drop":
-            stale = np.zeros(len(self._accepted), bool)
-        else:
-            g = self.stream.group_size
-            stale = np.asarray((self._versions < step - k).reshape(-1, g).any(axis=1))
-        return self._accepted & ~stale, stale
+        and dropped for it."""
+        drop = self.policy.on_stale == "drop"
+        keep, stale, _ = kept(step, self.stream.group_size, self._versions, self._accepted,
+                              self.policy.max_staleness, drop)
+        return keep, stale & drop
 
     def _drop_front(self, step: int) -> None:
         """Drops the groups before the first that ``step`` may take (all, if none), so that a
@@ -349,14 +347,8 @@ class SelectedSteps:
             mine = balance_groups(choice.costs, world_size)[rank]
         else:
             mine = equal_count(len(choice.groups), world_size)[rank]
-        starts = choice.groups[mine]
-        spans: list[tuple[int, int]] = []
-        for s in starts.tolist():
-            if spans and spans[-1][1] == s:
-                spans[-1] = (spans[-1][0], s + g)
-            else:
-                spans.append((s, s + g))
-        table = self.stream.read_offsets(spans, columns, what=f"step {step}",
+        offsets = (choice.groups[mine][:, None] + np.arange(g)[None, :]).ravel()
+        table = self.stream.read_offsets(runs(offsets), columns, what=f"step {step}",
                                          cache=self._cache)
         if self.policy.max_staleness is not None and self.policy.on_stale == "mask":
             stale = choice.stale.reshape(-1, g)[mine].ravel()
