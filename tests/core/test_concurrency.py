@@ -124,11 +124,14 @@ def test_the_commit_window_leaves_out_catching_up(tmp_path) -> None:
     reads = [r for r in timed.requests if r[0] == "get" and r[2] <= put[1]]
     assert len(reads) >= 400  # it did catch up, before its put
     start, last = min(r[1] for r in reads), max(r[1] for r in reads)
+    before = max(r[2] for r in reads if r[1] < last)  # the reads before the last had ended
     # The commit began before the first read; its window, at the last read (the one that
     # found the head absent). A window that leaves the rest of catching up out is shorter
-    # than the latency by at least the span of the reads before the last, and fits between
-    # the last read's start and the return.
-    assert result.latency_s - result.window_s >= last - start, (result, last - start)
+    # than the latency by at least the span of the reads before the last (from the first's
+    # start to their end: the window's clock is read between that end and the last read's
+    # start, so the last read's start would race it), and fits between the last read's
+    # start and the return.
+    assert result.latency_s - result.window_s >= before - start, (result, before - start)
     assert result.window_s <= done - last, (result, done - last)
 
 
