@@ -13,7 +13,7 @@ import pytest
 import lakestream
 from lakestream.errors import StepNotAvailableError
 from lakestream.loaders import Source, StreamDataset, StreamLoader
-from tests.helpers import SCHEMA, rows, step_ids
+from tests.helpers import SCHEMA, rows, step_ids, worker_options
 
 A_TAKE, B_TAKE = 8, 4
 A_SIZE, B_SIZE = 64, 32  # 8 steps per epoch from each
@@ -84,7 +84,7 @@ def test_resume_mid_window_and_mid_epoch_equals_the_uninterrupted_run(
     for rank in range(world):
         ds = _mix(uris, rank, world)
         ds.load_state_dict(state)
-        tail = step_ids(StreamLoader(ds, num_workers=workers))
+        tail = step_ids(StreamLoader(ds, **worker_options(workers)))
         assert [s for s, _ in tail] == list(range(at, 16))
         for (_, ids), (_, mine) in zip(whole[at:], tail, strict=True):
             a, b = _split(ids)

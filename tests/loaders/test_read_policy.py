@@ -4,6 +4,7 @@ restart derives the same steps."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -12,13 +13,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 import lakestream
 from lakestream.loaders import StreamDataset
 from lakestream.producers import Producer
 from lakestream.progress import read_progress
-from tests.helpers import step_ids
+from tests.helpers import WORKER_CONTEXT, step_ids
 
 B, G = 8, 2
 SCHEMA = pa.schema([
@@ -339,7 +341,7 @@ def test_a_live_stream_plans_in_the_trainer_process_for_state_markers_and_progre
                        accept=varied, accept_columns=["reward"])
     for i in range(60):
         s.append(group(2 * i, 0, equal=i % 2 == 1))
-    got = step_ids(StreamLoader(ds, num_workers=1))
+    got = step_ids(StreamLoader(ds, num_workers=1, multiprocessing_context=WORKER_CONTEXT))
     assert [t for t, _ in got] == list(range(6))
     cursor = int(json.loads(ds.state_dict()["mix"])["cursors"][0])
     assert cursor == 6 * 2 * B - G  # every other group skipped; the last skipped one ahead
@@ -401,8 +403,12 @@ def test_save_checkpoint_with_workers_holds_from_the_least_advanced_worker(tmp_p
     assert step_ids(resumed) == whole[5:]
 
 
-def test_a_policy_change_under_worker_states_is_refused(tmp_path) -> None:
+def test_a_policy_change_under_worker_states_is_refused(tmp_path, monkeypatch) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
+
+    # torchdata does not tell workers whose iteration raised to stop: shutting each down
+    # waits for this interval (5 s), then kills it.
+    monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.2)
 
     from lakestream.errors import LakestreamError
 
@@ -420,3 +426,5 @@ def test_a_policy_change_under_worker_states_is_refused(tmp_path) -> None:
         other.load_state_dict(state)
         with pytest.raises(LakestreamError, match="read policy|log order"):
             list(other)
+    # The failed iterator is collected here, while its workers' join timeout is short.
+    gc.collect()

@@ -12,7 +12,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lakestream
 from lakestream.loaders import StreamDataset, load_checkpoint, save_checkpoint
-from tests.helpers import SCHEMA, ids, rows, step_ids
+from tests.helpers import SCHEMA, WORKER_CONTEXT, ids, rows, step_ids
 
 B, STEPS, WORKERS = 8, 9, 2
 
@@ -28,7 +28,7 @@ def _loader(uri: str, rank: int, world: int) -> StatefulDataLoader:
     ds = StreamDataset(uri, rank=rank, world_size=world, max_steps=STEPS, prefetch=1,
                        read_threads=1)
     return StatefulDataLoader(ds, batch_size=None, num_workers=WORKERS,
-                              multiprocessing_context="spawn", prefetch_factor=2)
+                              multiprocessing_context=WORKER_CONTEXT, prefetch_factor=2)
 
 
 def _expected(s: lakestream.Stream, rank: int, world: int, start: int) -> list[Any]:
