@@ -14,7 +14,7 @@ from lakestream.errors import LakestreamError, PermissionDeniedError
 from lakestream.loaders.collate import Collate, collate_table
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
-from lakestream.loaders.reader import StepReader
+from lakestream.loaders.reader import StepReader, Stop
 from lakestream.log import check_group
 from lakestream.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
 from lakestream.steps import Source, Steps, open_mix
@@ -164,6 +164,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self._publisher: ProgressPublisher | None = None
         self._progress: MixProgress | None = None
         self.last_reader: StepReader | None = None
+        self.stop: Stop | None = None
+        """Set by ``StreamLoader`` for its workers: once the event is set, a worker waiting
+        for a step that is not committed yet ends its iteration instead."""
         self._worker_next: int | None = None
         """In a DataLoader worker, the next step this worker reads (set by iterating it or by
         loading its state); None: ``start_step`` plus the worker's index."""
@@ -241,7 +244,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         in_process = info is None
         reader = StepReader(self.mix, self.rank, self.world_size, columns=self.columns,
                             prefetch=self.prefetch, threads=self.read_threads,
-                            timeout=self.timeout)
+                            timeout=self.timeout, stop=self.stop)
         self.last_reader = reader
         if self.group is not None and self.rank == 0 and worker == 0:
             self._register()

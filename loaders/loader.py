@@ -17,7 +17,9 @@ class StreamLoader:
     publishes the group's progress as steps are consumed, with the trainer's
     ``policy_version`` (what producers' ``max_lag_steps`` reads), and the dataset's own
     ``state_dict()`` is the resume point. Workers start with ``spawn`` (the S3 client cannot
-    run after fork). Accepts DataLoader's arguments."""
+    run after fork). When iteration stops early (``break`` at a step budget on a live
+    stream), workers waiting for steps not committed yet stop at once, where a DataLoader
+    waits 5 s for each before killing it. Accepts DataLoader's arguments."""
 
     def __init__(self, dataset: StreamDataset, num_workers: int = 0, **kwargs: Any) -> None:
         self.dataset = dataset
@@ -28,13 +30,25 @@ class StreamLoader:
         self.loader = torch.utils.data.DataLoader(dataset, num_workers=num_workers, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:
+        context = self.loader.multiprocessing_context
+        # Workers of one iteration share its event; persistent ones outlive it, so not theirs.
+        stop = context.Event() if context is not None and not self.loader.persistent_workers \
+            else None
+        self.dataset.stop = stop
         try:
-            for batch in self.loader:
+            batches = iter(self.loader)  # starts the workers, each with its copy of `stop`
+        finally:
+            self.dataset.stop = None
+        try:
+            for batch in batches:
                 step = batch.get(self.dataset.step_key) if isinstance(batch, dict) else None
                 if step is not None:
                     self.dataset.record_step(int(step))
                 yield batch
         finally:
+            if stop is not None:
+                stop.set()
+            del batches  # shuts the workers down, now that none waits for a step
             self.dataset.close()
 
     def state_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import collections
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -15,6 +16,12 @@ from lakestream.steps import MixSteps, Steps
 from lakestream.stream import Stream
 
 LATENCY_WINDOW = 4096
+
+
+class Stop(Protocol):
+    """What ends a wait early: a ``threading.Event`` or a ``multiprocessing`` one."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
 
 
 class StepReader:
@@ -26,19 +33,21 @@ class StepReader:
     a LIST, shared by every reader of the stream in the process: ``Stream.poll``), backing
     off from ``poll_min_s`` to ``poll_max_s``; after ``timeout`` seconds of
     waiting for one step, ``StepNotAvailableError`` is raised (``timeout=None`` waits forever).
-    Iteration stops at a step past the end of a mix (a sealed source ran out).
+    Iteration stops at a step past the end of a mix (a sealed source ran out), or at the
+    first step still waited for once ``stop`` is set.
     """
 
     def __init__(self, steps: Stream | Steps, rank: int, world_size: int, *,
                  columns: list[str] | None = None, prefetch: int = 4, threads: int = 2,
                  timeout: float | None = None, poll_min_s: float = 0.005,
-                 poll_max_s: float = 0.5) -> None:
+                 poll_max_s: float = 0.5, stop: Stop | None = None) -> None:
         if prefetch < 0 or threads < 1:
             raise ValueError("prefetch must be >= 0 and threads >= 1")
         self.steps: Steps = MixSteps.single(steps) if isinstance(steps, Stream) else steps
         self.rank, self.world_size = rank, world_size
         self.columns, self.prefetch, self.threads = columns, prefetch, threads
         self.timeout, self.poll_min_s, self.poll_max_s = timeout, poll_min_s, poll_max_s
+        self.stop = stop
         self.wait_s = 0.0
         """Time spent waiting for steps to become visible."""
         self.read_latencies_s: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
@@ -51,7 +60,8 @@ class StepReader:
         return table, time.perf_counter() - t0
 
     def wait_visible(self, step: int) -> bool:
-        """Returns True once ``step`` is committed, False if the steps end before it.
+        """Returns True once ``step`` is committed, False if the steps end before it or
+        ``stop`` is set while waiting.
 
         Raises:
             StepNotAvailableError: still not visible after ``timeout`` seconds.
@@ -75,8 +85,13 @@ class StepReader:
                     f"{self.timeout}s ({self.steps.committed()} committed); producers "
                     "may be stalled"
                 )
-            pause = delay if self.timeout is None else min(delay, self.timeout - waited)
-            time.sleep(max(pause, 0.0))
+            pause = max(delay if self.timeout is None else min(delay, self.timeout - waited),
+                        0.0)
+            if self.stop is None:
+                time.sleep(pause)
+            elif self.stop.wait(pause):
+                self.wait_s += time.monotonic() - t0
+                return False
             delay = min(self.poll_max_s, delay * 2)
 
     def read(self, steps: Iterable[int]) -> Iterator[tuple[int, pa.Table]]:

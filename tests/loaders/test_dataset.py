@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 import lakestream
 from lakestream.errors import StepNotAvailableError
 from lakestream.loaders import StreamDataset, StreamLoader, collate_table, save_checkpoint
-from tests.helpers import SCHEMA, ids, rows
+from tests.helpers import SCHEMA, ids, rows, worker_options
 
 B = 12
 
@@ -103,6 +103,19 @@ def test_dataloader_yields_every_step_once_in_order(tmp_path, workers: int) -> N
     assert ds.state_dict()["next_step"] == 5
 
 
+def test_breaking_out_of_a_live_stream_stops_waiting_workers_at_once(tmp_path) -> None:
+    s = _stream(str(tmp_path / "s"), 2)
+    loader = StreamLoader(StreamDataset(s.uri, rank=0, world_size=1), **worker_options(2))
+    batches = iter(loader)
+    assert [int(next(batches)["step"]) for _ in range(2)] == [0, 1]
+    time.sleep(0.2)  # both workers are now waiting for steps no producer will commit
+    t0 = time.monotonic()
+    batches.close()
+    # A DataLoader gives each worker still busy 5 s to exit before it kills it.
+    assert time.monotonic() - t0 < 4
+    assert loader.dataset.stop is None  # an iteration in the trainer process waits again
+
+
 def test_tailing_waits_for_producers_and_times_out(tmp_path) -> None:
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     writer = lakestream.open(s.uri)
@@ -135,7 +148,7 @@ def _run(uri: str, world: int, workers: int, start: dict[str, Any] | None, steps
         ds = StreamDataset(uri, rank=rank, world_size=world)
         if start is not None:
             ds.load_state_dict(start)
-        loader = StreamLoader(ds, num_workers=workers)
+        loader = StreamLoader(ds, **worker_options(workers))
         got = []
         for batch in loader:
             got.append(_ids(batch))
