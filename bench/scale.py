@@ -1,7 +1,8 @@
 """Metadata at scale: what opening, holding, reading and producing cost on streams with 1k,
 10k, 100k and 1M live fragments (local store), then the 20,000-version growth run.
 
-Usage: .venv/bin/python bench/scale.py [--fragments 1000 10000 100000 1000000] [--no-growth]
+Usage: .venv/bin/python bench/scale.py [--fragments 1000 10000 100000 1000000] [--rounds 21]
+       [--no-growth]
 Writes bench/results/scale.json and bench/results/scale.png.
 
 Each stream has the same 100 versions (snapshot interval 10), each carrying a hundredth of its
@@ -9,10 +10,11 @@ fragments: the streams differ only in how many fragments are live. A fragment is
 16 rows; only the first and the last step's files exist (nothing else is read). Each figure
 comes from fresh spawned processes (nothing cached from building the stream):
 
-- open: ``lakestream.open``, median of 7; with the store requests and bytes it made.
+- open: ``lakestream.open``, median of 21 rounds that take every size in turn (sub-ms
+  figures drift more between minutes than between sizes); with the requests and bytes.
 - memory: resident memory a process gains by opening a handle, and by opening a Producer.
 - read_step: the first and the last step on a fresh handle each time (so the index segment
-  holding it is fetched), median of 7.
+  holding it is fetched), median of the same 21 rounds.
 - producer: committed samples/s of one Producer writing 16-row fragments for 4 s.
 """
 
@@ -153,30 +155,42 @@ def _runs(uri: str, what: str, n: int) -> list[dict[str, Any]]:
     return [run_workers(_probe, [(uri, what)], timeout=600)[0] for _ in range(n)]
 
 
-def measure(root: str, fragments: int) -> dict[str, Any]:
-    uri = f"{root}/s{fragments}"
-    t0 = time.perf_counter()
-    build(uri, fragments)
-    built = time.perf_counter() - t0
-    opens = _runs(uri, "open", 7)
-    row = {
-        "fragments": fragments, "build_s": built,
-        "open_s": statistics.median(r["s"] for r in opens),
-        "open_requests": opens[0]["requests"], "open_bytes": opens[0]["bytes"],
-        "handle_bytes": statistics.median(r["bytes"] for r in _runs(uri, "memory", 3)),
-        "producer_bytes": statistics.median(
-            r["bytes"] for r in _runs(uri, "producer_memory", 3)),
-        "read_first_s": statistics.median(r["s"] for r in _runs(uri, "first", 7)),
-        "read_last_s": statistics.median(r["s"] for r in _runs(uri, "last", 7)),
-        "producer_samples_per_s": _runs(uri, "producer", 1)[0]["samples_per_s"],
-    }
-    print(f"{fragments:>9} fragments: open {1000 * row['open_s']:.1f} ms "
-          f"{row['open_requests']} {row['open_bytes']} B; handle "
-          f"{row['handle_bytes'] / 1e6:.1f} MB, producer {row['producer_bytes'] / 1e6:.1f} MB; "
-          f"read_step first {1000 * row['read_first_s']:.1f} ms last "
-          f"{1000 * row['read_last_s']:.1f} ms; producer "
-          f"{row['producer_samples_per_s']:.0f} samples/s (built in {built:.0f} s)", flush=True)
-    return row
+def measure(root: str, sizes: list[int], rounds: int) -> list[dict[str, Any]]:
+    """Builds a stream per size, then times opening and reading them in ``rounds``
+    interleaved rounds (every size once per round), so that the machine's drift spreads
+    over all sizes alike; memory and producing are measured per size after."""
+    rows = []
+    for fragments in sizes:
+        t0 = time.perf_counter()
+        build(f"{root}/s{fragments}", fragments)
+        rows.append({"fragments": fragments, "build_s": time.perf_counter() - t0})
+    timed: dict[tuple[int, str], list[dict[str, Any]]] = collections.defaultdict(list)
+    for _ in range(rounds):
+        for fragments in sizes:
+            for what in ("open", "first", "last"):
+                timed[fragments, what] += _runs(f"{root}/s{fragments}", what, 1)
+    for row in rows:
+        fragments = row["fragments"]
+        uri = f"{root}/s{fragments}"
+        opens = timed[fragments, "open"]
+        row.update({
+            "open_s": statistics.median(r["s"] for r in opens),
+            "open_requests": opens[0]["requests"], "open_bytes": opens[0]["bytes"],
+            "handle_bytes": statistics.median(r["bytes"] for r in _runs(uri, "memory", 3)),
+            "producer_bytes": statistics.median(
+                r["bytes"] for r in _runs(uri, "producer_memory", 3)),
+            "read_first_s": statistics.median(r["s"] for r in timed[fragments, "first"]),
+            "read_last_s": statistics.median(r["s"] for r in timed[fragments, "last"]),
+            "producer_samples_per_s": _runs(uri, "producer", 1)[0]["samples_per_s"],
+        })
+        print(f"{fragments:>9} fragments: open {1000 * row['open_s']:.2f} ms "
+              f"{row['open_requests']} {row['open_bytes']} B; handle "
+              f"{row['handle_bytes'] / 1e6:.1f} MB, producer "
+              f"{row['producer_bytes'] / 1e6:.1f} MB; read_step first "
+              f"{1000 * row['read_first_s']:.1f} ms last {1000 * row['read_last_s']:.1f} ms; "
+              f"producer {row['producer_samples_per_s']:.0f} samples/s "
+              f"(built in {row['build_s']:.0f} s)", flush=True)
+    return rows
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -216,6 +230,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fragments", type=int, nargs="+",
                         default=[1_000, 10_000, 100_000, 1_000_000])
+    parser.add_argument("--rounds", type=int, default=21,
+                        help="interleaved rounds of the open and read_step timings")
     parser.add_argument("--growth-versions", type=int, default=20_000)
     parser.add_argument("--no-growth", action="store_true")
     args = parser.parse_args()
@@ -224,8 +240,7 @@ def main() -> None:
                     "platform": platform.platform()},
         "command": " ".join(["bench/scale.py", *sys.argv[1:]]), "streams": []}
     with tempfile.TemporaryDirectory() as root:
-        for n in args.fragments:
-            result["streams"].append(measure(root, n))
+        result["streams"] = measure(root, args.fragments, args.rounds)
         if not args.no_growth:
             import ingest
 

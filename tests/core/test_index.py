@@ -222,6 +222,30 @@ def test_a_format_2_snapshot_still_opens(tmp_path) -> None:
         list(range(100))
 
 
+@pytest.mark.parametrize("damage, named", [
+    (lambda rows: [rows[0], rows[0], *rows[1:]], "overlaps"),  # a row twice
+    (lambda rows: [[*rows[0][:5], str(rows[0][5]), rows[0][6]], *rows[1:]], "not numbers"),
+])
+def test_a_manifest_with_its_checksum_but_wrong_segment_rows_is_corrupt(
+        tmp_path, damage: Any, named: str) -> None:
+    """What a writer's bug (not a torn byte, which the checksum catches) would record."""
+    import json
+    import zlib
+
+    from lakestream.snapshot import decode_snapshot
+
+    uri = str(tmp_path / "s")
+    _wide(uri, 100, per_entry=10, interval=5)
+    store = open_store(uri)
+    body = json.loads(store.get(snapshot_key(10)).rpartition(b"\ncrc32:")[0])
+    assert len(body["segments"]) == 2
+    body["segments"] = damage(body["segments"])
+    bad = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    with pytest.raises(CorruptLogError, match=f"snapshot .*{snapshot_key(10)}.*{named}"):
+        decode_snapshot(10, bad + b"\ncrc32:" + str(zlib.crc32(bad)).encode() + b"\n",
+                        store.get)
+
+
 def test_a_handle_that_wrote_its_segments_fetches_them_back_once_evicted(tmp_path) -> None:
     # Regression: a state that began in memory (a created stream) had no store to fetch
     # from, so once the segments it had written left the cache, reading them failed.
