@@ -40,6 +40,7 @@ class ProducerStats:
         self.writes = 0
         self.rows = 0
         self.bytes_uploaded = 0
+        self.fragments_uploaded = 0
         self.commits = 0
         self.attempts = 0
         self.conflicts = 0
@@ -132,6 +133,13 @@ class Producer:
         self._inflight = 0
         self._inflight_bytes = 0
         self._pending_rows = 0
+        o = self.options
+        self._upload_ahead = (1 if o.commit_policy == "per-fragment"
+                              else o.max_fragments_per_commit) + o.upload_threads
+        """How many seqs past the last committed one may be uploaded: what the next commit
+        can take, and a round of the pool. Further ahead, encoding only takes the CPU the
+        commits need (one fragment per commit could otherwise see a thousand encoded
+        ahead of it)."""
         self._error: BaseException | None = None
         self._closed = False
         self._progress_at = 0.0
@@ -281,6 +289,8 @@ class Producer:
         self._closed = True
         if os.getpid() != self._pid:
             return  # a forked copy: the threads belong to the parent
+        with self._cond:
+            self._cond.notify_all()  # uploads waiting for commits stop waiting
         self._committer.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._committer.join()
@@ -305,6 +315,14 @@ class Producer:
             self._cond.notify_all()
 
     def _upload(self, seq: int, table: pa.Table, state: Any, nbytes: int) -> None:
+        with self._cond:
+            # A window of seqs, not a count: the lowest seq not committed may always go, so
+            # the commits this waits for can always happen.
+            while seq > self._committed_seq + self._upload_ahead and self._error is None \
+                    and not self._closed:
+                self._cond.wait(0.5)
+            if self._error is not None or self._closed:
+                return  # failed or aborted: it stays uncommitted
         try:
             failpoint("before_upload")
             body = encode_fragment(table, self._stream.group_size,
@@ -313,7 +331,7 @@ class Producer:
             key = fragment_key(self.producer_id, self.epoch, seq)
             put_fragment(self._stream.store, key, body)
             failpoint("after_upload")
-            self.stats.add(bytes_uploaded=len(body))
+            self.stats.add(bytes_uploaded=len(body), fragments_uploaded=1)
             self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes,
                                            zlib.crc32(body)))
         except BaseException as e:  # noqa: BLE001 - surfaced on the caller's next call

@@ -232,6 +232,30 @@ def test_group_commit_batches_under_a_slow_store(tmp_path) -> None:
     assert _all_ids(s) == list(range(160))
 
 
+def test_per_fragment_uploads_wait_for_the_commits_they_feed(tmp_path) -> None:
+    """One fragment per commit: uploads run at most a round of the pool ahead of commits,
+    not the whole in-flight budget (which took the CPU the commits needed)."""
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    p = Producer(uri, "w", options=ProducerOptions(commit_policy="per-fragment",
+                                                   upload_threads=2))
+    real_put = p.stream.store.put
+    ahead = []
+
+    def slow_put(key: str, data: bytes, *, mode: str = "overwrite") -> None:
+        if key.startswith("_delta_log/"):
+            ahead.append(p.stats.fragments_uploaded - p.stats.fragments_committed)
+            time.sleep(0.02)
+        real_put(key, data, mode=mode)  # type: ignore[arg-type]
+
+    p.stream.store.put = slow_put  # type: ignore[method-assign]
+    for i in range(30):
+        p.write(rows(4 * i, 4))
+    p.close()
+    assert p.stats.fragments_committed == 30 and _all_ids(s) == list(range(120))
+    assert 1 <= max(ahead) <= 1 + 2, ahead
+
+
 def test_a_column_of_the_wrong_type_names_it(tmp_path) -> None:
     uri = str(tmp_path / "s")
     lakestream.create(uri, SCHEMA, global_batch_size=4)
