@@ -10,8 +10,11 @@ Writes bench/results/ingest.json and bench/results/ingest.png.
 
 Contended regime (what RL rollout writers do): each producer writes small fragments (one
 GRPO group of 16 samples, ~16 KB each) as fast as it can and commits them as soon as they
-are written; throughput counts committed samples over the wall time until every producer
-has flushed.
+are written. Producers start WARMUP_S before the window: in that time each fills its
+in-flight budget (1,024 fragments), after which a write returns only as commits free room,
+the steady state the window measures. Throughput counts the samples committed within the
+window; producer CPU is each process's CPU in the window over the GB committed in it (what
+is encoded but not committed by its end counts as CPU without bytes).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from lakestream.producers import Producer, ProducerOptions  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 GROUP = 16
+WARMUP_S = 2.0
+COUNTERS = ("fragments_uploaded", "commits", "attempts", "conflicts", "fragments_committed")
 
 
 def _producer(uri: str, options: dict[str, str] | None, pid: str, policy: str, start_at: float,
@@ -46,20 +51,28 @@ def _producer(uri: str, options: dict[str, str] | None, pid: str, policy: str, s
                               max_tokens=48 if tiny else 3072) for k in range(8)]
     p = Producer(uri, pid, storage_options=options,
                  options=ProducerOptions(commit_policy=policy))  # type: ignore[arg-type]
-    time.sleep(max(0.0, start_at - time.time()))
-    n = nbytes = 0
-    cpu0 = time.process_time()
-    while time.time() < start_at + duration:
-        t = frags[n % len(frags)]
-        p.write(t)
-        n += 1
-        nbytes += t.nbytes
-    p.abort()  # what is not committed by the deadline does not count
+    time.sleep(max(0.0, start_at - WARMUP_S - time.time()))
+    n = 0
     s = p.stats
-    lat = sorted(s.latencies()) or [0.0]
-    out.put({"producer": pid, "written": n, "commits": s.commits, "attempts": s.attempts,
-             "conflicts": s.conflicts, "fragments": s.fragments_committed,
-             "cpu_s": time.process_time() - cpu0, "commit_p50_s": lat[len(lat) // 2]})
+    at_start: dict[str, Any] | None = None
+    while (now := time.time()) < start_at + duration:
+        if at_start is None and now >= start_at:
+            at_start = {"cpu_s": time.process_time(), "written": n,
+                        **{k: getattr(s, k) for k in COUNTERS}}
+        p.write(frags[n % len(frags)])
+        n += 1
+    p.abort()  # what is not committed by the deadline does not count
+    cpu_s = time.process_time()
+    assert at_start is not None
+    in_window = s.commits - at_start["commits"]
+    lat = sorted(s.latencies()[-in_window:]) if in_window else [0.0]
+    out.put({"producer": pid, "written": n - at_start["written"],
+             "uploaded": s.fragments_uploaded - at_start["fragments_uploaded"],
+             "commits": s.commits - at_start["commits"],
+             "attempts": s.attempts - at_start["attempts"],
+             "conflicts": s.conflicts - at_start["conflicts"],
+             "fragments": s.fragments_committed - at_start["fragments_committed"],
+             "cpu_s": cpu_s - at_start["cpu_s"], "commit_p50_s": lat[len(lat) // 2]})
 
 
 def run(uri: str, options: dict[str, str] | None, producers: int, policy: str,
@@ -70,7 +83,8 @@ def run(uri: str, options: dict[str, str] | None, producers: int, policy: str,
     sample_bytes = payload.rollouts(256, GROUP, seed=99).nbytes / 256
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    start_at = time.time() + 3.0 + 0.3 * producers  # every process imported and open by then
+    # Every process imported and open by the warm-up's start.
+    start_at = time.time() + 3.0 + 0.3 * producers + WARMUP_S
     procs = [ctx.Process(target=_producer, args=(uri, options, f"p-{k}", policy, start_at,
                                                   duration, rows, tiny, out))
              for k in range(producers)]
@@ -95,6 +109,11 @@ def run(uri: str, options: dict[str, str] | None, producers: int, policy: str,
         "commits": commits, "attempts": attempts, "conflicts": conflicts,
         "conflict_ratio": conflicts / attempts if attempts else 0.0,
         "fragments_per_commit": sum(r["fragments"] for r in results) / max(1, commits),
+        # Encoded and put by the window's end but not committed in it: CPU spent without
+        # committed bytes (the producers' in-flight budget filling up).
+        "fragments_written": sum(r["written"] for r in results),
+        "fragments_uploaded": sum(r["uploaded"] for r in results),
+        "fragments_committed": sum(r["fragments"] for r in results),
         "commit_p50_ms": 1000 * sorted(r["commit_p50_s"] for r in results)[len(results) // 2],
         "producer_cpu_s_per_gb": sum(r["cpu_s"] for r in results) / max(1e-9, mb / 1000),
     }
@@ -107,7 +126,7 @@ def growth(root: str, target_versions: int, producers: int) -> dict[str, Any]:
     lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=256, group_size=GROUP)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    start_at = time.time() + 3.0 + 0.3 * producers
+    start_at = time.time() + 3.0 + 0.3 * producers + WARMUP_S
     procs = [ctx.Process(target=_producer, args=(uri, None, f"g-{k}", "adaptive", start_at,
                                                   3600.0, GROUP, True, out))
              for k in range(producers)]
@@ -221,7 +240,9 @@ def scaling(root: str, server: Any, stores: list[str], producers: list[int], rep
                           f"commits {r['commits']:5} ({r['commits'] / duration:6.1f}/s) "
                           f"conflicts {100 * r['conflict_ratio']:4.1f}% "
                           f"{r['fragments_per_commit']:.1f} frags/commit "
-                          f"{r['producer_cpu_s_per_gb']:.1f} CPU-s/GB", flush=True)
+                          f"{r['producer_cpu_s_per_gb']:.1f} CPU-s/GB; fragments written "
+                          f"{r['fragments_written']} uploaded {r['fragments_uploaded']} "
+                          f"committed {r['fragments_committed']}", flush=True)
     return summarise([r for rs in runs.values() for r in rs],
                      lambda r: (r["store"], r["producers"], r["policy"]))
 
