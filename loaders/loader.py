@@ -19,7 +19,8 @@ class StreamLoader:
     ``state_dict()`` is the resume point. Workers start with ``spawn`` (the S3 client cannot
     run after fork). When iteration stops early (``break`` at a step budget on a live
     stream), workers waiting for steps not committed yet stop at once, where a DataLoader
-    waits 5 s for each before killing it. Accepts DataLoader's arguments."""
+    waits 5 s for each before killing it (not with ``persistent_workers=True``: those
+    outlive the loop). Accepts DataLoader's arguments."""
 
     def __init__(self, dataset: StreamDataset, num_workers: int = 0, **kwargs: Any) -> None:
         self.dataset = dataset

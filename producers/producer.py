@@ -135,11 +135,12 @@ class Producer:
         self._pending_rows = 0
         o = self.options
         self._upload_ahead = (1 if o.commit_policy == "per-fragment"
-                              else o.max_fragments_per_commit) + o.upload_threads
-        """How many seqs past the last committed one may be uploaded: what the next commit
-        can take, and a round of the pool. Further ahead, encoding only takes the CPU the
-        commits need (one fragment per commit could otherwise see a thousand encoded
-        ahead of it)."""
+                              else o.max_inflight_fragments) + o.upload_threads
+        """How many seqs past the last committed one may be uploaded: one fragment per
+        commit takes one, and a round of the pool keeps the next ready; further ahead,
+        encoding only takes the CPU the commits need (it could otherwise encode a thousand
+        fragments ahead of them). A group commit is bounded by its in-flight budget alone,
+        which its half-budget trigger counts on."""
         self._error: BaseException | None = None
         self._closed = False
         self._progress_at = 0.0
@@ -234,8 +235,11 @@ class Producer:
             if state is not None:
                 self._last_state = state
             carried = self._last_state
+            # Under the lock: the pool gets seqs in order even from several writer threads,
+            # which the upload window relies on (a seq behind blocked threads would wait
+            # for ever).
+            self._pool.submit(self._upload, seq, table, carried, nbytes)
         self.stats.add(writes=1, rows=rows)
-        self._pool.submit(self._upload, seq, table, carried, nbytes)
         return seq
 
     def flush(self, timeout: float | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -254,6 +255,37 @@ def test_per_fragment_uploads_wait_for_the_commits_they_feed(tmp_path) -> None:
     p.close()
     assert p.stats.fragments_committed == 30 and _all_ids(s) == list(range(120))
     assert 1 <= max(ahead) <= 1 + 2, ahead
+
+
+def test_writers_on_two_threads_never_strand_a_seq_behind_the_upload_window(
+        tmp_path) -> None:
+    """A seq taken by one writer thread reaches the pool before any later one, or the pool's
+    threads could all wait for commits that need it while it sits in the queue."""
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    p = Producer(uri, "w", options=ProducerOptions(commit_policy="per-fragment",
+                                                   upload_threads=1))
+    real_submit = p._pool.submit
+    first = threading.Event()
+
+    def slow_first_submit(fn: Any, seq: int, *args: Any) -> Any:
+        if seq == 0:  # the writer of seq 0 is descheduled just before it submits
+            first.set()
+            time.sleep(0.3)
+        return real_submit(fn, seq, *args)
+
+    p._pool.submit = slow_first_submit  # type: ignore[method-assign]
+    a = threading.Thread(target=p.write, args=(rows(0, 4),))
+    try:
+        a.start()
+        first.wait(5)
+        for i in range(1, 5):
+            p.write(rows(4 * i, 4))  # seqs 1-4, from this thread
+        a.join()
+        p.flush(timeout=10)
+        assert p.stats.fragments_committed == 5
+    finally:
+        p.abort()  # stops the pool's threads even if they were stranded
 
 
 def test_a_column_of_the_wrong_type_names_it(tmp_path) -> None:
