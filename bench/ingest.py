@@ -61,17 +61,19 @@ def _producer(uri: str, options: dict[str, str] | None, pid: str, policy: str, s
                         **{k: getattr(s, k) for k in COUNTERS}}
         p.write(frags[n % len(frags)])
         n += 1
+    cpu_s = time.process_time()  # at the deadline, as the parent's count of samples
+    counts = {k: getattr(s, k) for k in COUNTERS}
+    latencies = s.latencies()
     p.abort()  # what is not committed by the deadline does not count
-    cpu_s = time.process_time()
     assert at_start is not None
-    in_window = s.commits - at_start["commits"]
-    lat = sorted(s.latencies()[-in_window:]) if in_window else [0.0]
+    in_window = counts["commits"] - at_start["commits"]
+    lat = sorted(latencies[-in_window:]) if in_window else [0.0]
     out.put({"producer": pid, "written": n - at_start["written"],
-             "uploaded": s.fragments_uploaded - at_start["fragments_uploaded"],
-             "commits": s.commits - at_start["commits"],
-             "attempts": s.attempts - at_start["attempts"],
-             "conflicts": s.conflicts - at_start["conflicts"],
-             "fragments": s.fragments_committed - at_start["fragments_committed"],
+             "uploaded": counts["fragments_uploaded"] - at_start["fragments_uploaded"],
+             "commits": in_window,
+             "attempts": counts["attempts"] - at_start["attempts"],
+             "conflicts": counts["conflicts"] - at_start["conflicts"],
+             "fragments": counts["fragments_committed"] - at_start["fragments_committed"],
              "cpu_s": cpu_s - at_start["cpu_s"], "commit_p50_s": lat[len(lat) // 2]})
 
 

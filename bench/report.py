@@ -85,8 +85,10 @@ def _ingest_section(ingest: dict[str, Any]) -> list[str]:
         out += [f"Per-fragment commits at 8 producers on S3: {pf:.1f} CPU-s/GB; target <= 50: "
                 f"{_target(pf <= 50)}."]
     out += ["", "Producer CPU counts every producer process (all its threads, the S3 client's "
-            "included) from the start of the window until it has stopped, over the GB "
-            "committed in the window; the server's own CPU is not in it.", ""]
+            "included) over the window, over the GB committed in it; the server's own CPU is "
+            "not in it. Producers write for 2 s before the window opens, in which each fills "
+            "its in-flight budget: the window measures the rate at which writes wait for "
+            "commits, not the start-up.", ""]
     if any(v > 1.3 for v in over.values()):
         s3_8 = next(x for x in rows if x["store"] == "s3" and x["producers"] == 8
                     and x["policy"] == "adaptive")
@@ -94,9 +96,9 @@ def _ingest_section(ingest: dict[str, Any]) -> list[str]:
                 "every commit window is longer and producers lose more races "
                 f"({100 * s3_8['conflict_ratio']:.0f}% of attempts at 8 producers); each "
                 "lost race costs a read of the winner, a catch-up read and a rebuilt entry. "
-                "Per-fragment commits pay that on every fragment, and fragments encoded but "
-                "still waiting for their commit when the window ends count as CPU without "
-                "committed bytes.", ""]
+                "Per-fragment commits pay that on every fragment; a group commit pays it once "
+                "for many, but fragments it encoded that are still waiting for their commit "
+                "when the window ends count as CPU without committed bytes.", ""]
     bound = ingest.get("commit_bound")
     if bound:
         ceiling = ingest["put_ceiling_per_s"]
