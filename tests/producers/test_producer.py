@@ -213,19 +213,27 @@ def test_per_fragment_policy_commits_one_fragment_each(tmp_path) -> None:
     assert s.refresh() == 11 and _all_ids(s) == list(range(40))
 
 
+def _slow_commits(p: Producer, seconds: float, before: Any = None) -> None:
+    """Makes each log-entry put of ``p`` take ``seconds`` longer, calling ``before()``
+    first."""
+    real_put = p.stream.store.put
+
+    def slow_put(key: str, data: bytes, *, mode: str = "overwrite") -> None:
+        if key.startswith("_delta_log/"):
+            if before is not None:
+                before()
+            time.sleep(seconds)
+        real_put(key, data, mode=mode)  # type: ignore[arg-type]
+
+    p.stream.store.put = slow_put  # type: ignore[method-assign]
+
+
 def test_group_commit_batches_under_a_slow_store(tmp_path) -> None:
     """With commits slower than writes, each adaptive commit carries many fragments."""
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=4)
     p = Producer(uri, "w")
-    real_put = p.stream.store.put
-
-    def slow_put(key: str, data: bytes, *, mode: str = "overwrite") -> None:
-        if key.startswith("_delta_log/"):
-            time.sleep(0.05)
-        real_put(key, data, mode=mode)  # type: ignore[arg-type]
-
-    p.stream.store.put = slow_put  # type: ignore[method-assign]
+    _slow_commits(p, 0.05)
     for i in range(40):
         p.write(rows(4 * i, 4))
     p.close()
@@ -238,23 +246,19 @@ def test_per_fragment_uploads_wait_for_the_commits_they_feed(tmp_path) -> None:
     not the whole in-flight budget (which took the CPU the commits needed)."""
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    threads = 2
     p = Producer(uri, "w", options=ProducerOptions(commit_policy="per-fragment",
-                                                   upload_threads=2))
-    real_put = p.stream.store.put
-    ahead = []
-
-    def slow_put(key: str, data: bytes, *, mode: str = "overwrite") -> None:
-        if key.startswith("_delta_log/"):
-            ahead.append(p.stats.fragments_uploaded - p.stats.fragments_committed)
-            time.sleep(0.02)
-        real_put(key, data, mode=mode)  # type: ignore[arg-type]
-
-    p.stream.store.put = slow_put  # type: ignore[method-assign]
+                                                   upload_threads=threads))
+    ahead: list[int] = []
+    _slow_commits(p, 0.02, lambda: ahead.append(
+        p.stats.fragments_uploaded - p.stats.fragments_committed))
     for i in range(30):
         p.write(rows(4 * i, 4))
     p.close()
     assert p.stats.fragments_committed == 30 and _all_ids(s) == list(range(120))
-    assert 1 <= max(ahead) <= 1 + 2, ahead
+    # The fragment being committed, and one uploaded or uploading per pool thread; without
+    # the bound, nearly all 30 are ahead.
+    assert 1 <= max(ahead) <= 1 + threads, ahead
 
 
 def test_writers_on_two_threads_never_strand_a_seq_behind_the_upload_window(
