@@ -141,6 +141,12 @@ def _parse_manifest(version: int, manifest: bytes) -> tuple[ReplayState, list[li
     return state, list(info["segments"]), int(info["format"])
 
 
+def _overlaps(prev_lo: int, prev_hi: int, prev_end: int, lo: int, hi: int, start: int) -> bool:
+    """Whether a segment overlaps the one before it (pieces of one run share their
+    versions, and only their offsets must not overlap)."""
+    return start < prev_end or (lo, hi) != (prev_lo, prev_hi) and lo < prev_hi
+
+
 def _stored_parts(rows: list[list[Any]]) -> list[Part]:
     """Format 3 rows: [name under INDEX_DIR, lo, hi, count, crc, start, end], checked to be
     in order. Made as plain tuples: at a million fragments (120 rows) this loop was half of
@@ -155,7 +161,7 @@ def _stored_parts(rows: list[list[Any]]) -> list[Part]:
     for name, lo, hi, n, c, start, end in rows:
         if not type(lo) is type(hi) is type(n) is type(c) is type(start) is type(end) is int:
             raise ValueError(f"segment row {[name, lo, hi, n, c, start, end]} is not numbers")
-        if start < prev_end or (lo, hi) != (prev_lo, prev_hi) and lo < prev_hi:
+        if _overlaps(prev_lo, prev_hi, prev_end, lo, hi, start):
             raise ValueError(f"segment {name} overlaps the one before it")
         parts.append(make(Part, (lo, hi, start, end, n, INDEX_DIR + name, c, None, ())))
         prev_lo, prev_hi, prev_end = lo, hi, end
@@ -186,7 +192,7 @@ def decode_snapshot(version: int, manifest: bytes, fetch: Callable[[str], bytes]
     if fmt == 2:
         parts = _fetch_format2(key, rows, fetch)
         for a, b in zip(parts, parts[1:], strict=False):
-            if b.start < a.end or (b.lo, b.hi) != (a.lo, a.hi) and b.lo < a.hi:
+            if _overlaps(a.lo, a.hi, a.end, b.lo, b.hi, b.start):
                 raise CorruptLogError(f"snapshot {key}: segments {a.key} and {b.key} overlap")
     if parts and (parts[-1].end > state.next_offset or parts[-1].hi > version):
         raise CorruptLogError(f"snapshot {key}: segment {parts[-1].key} reaches past the "
