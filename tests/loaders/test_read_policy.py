@@ -20,7 +20,7 @@ import lakestream
 from lakestream.loaders import StreamDataset
 from lakestream.producers import Producer
 from lakestream.progress import read_progress
-from tests.helpers import WORKER_CONTEXT, step_ids
+from tests.helpers import step_ids, worker_options
 
 B, G = 8, 2
 SCHEMA = pa.schema([
@@ -341,7 +341,7 @@ def test_a_live_stream_plans_in_the_trainer_process_for_state_markers_and_progre
                        accept=varied, accept_columns=["reward"])
     for i in range(60):
         s.append(group(2 * i, 0, equal=i % 2 == 1))
-    got = step_ids(StreamLoader(ds, num_workers=1, multiprocessing_context=WORKER_CONTEXT))
+    got = step_ids(StreamLoader(ds, **worker_options(1)))
     assert [t for t, _ in got] == list(range(6))
     cursor = int(json.loads(ds.state_dict()["mix"])["cursors"][0])
     assert cursor == 6 * 2 * B - G  # every other group skipped; the last skipped one ahead

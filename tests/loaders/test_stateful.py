@@ -12,7 +12,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lakestream
 from lakestream.loaders import StreamDataset, load_checkpoint, save_checkpoint
-from tests.helpers import SCHEMA, WORKER_CONTEXT, ids, rows, step_ids
+from tests.helpers import SCHEMA, ids, rows, step_ids, worker_options
 
 B, STEPS, WORKERS = 8, 9, 2
 
@@ -27,8 +27,8 @@ def _stream(uri: str) -> lakestream.Stream:
 def _loader(uri: str, rank: int, world: int) -> StatefulDataLoader:
     ds = StreamDataset(uri, rank=rank, world_size=world, max_steps=STEPS, prefetch=1,
                        read_threads=1)
-    return StatefulDataLoader(ds, batch_size=None, num_workers=WORKERS,
-                              multiprocessing_context=WORKER_CONTEXT, prefetch_factor=2)
+    return StatefulDataLoader(ds, batch_size=None, prefetch_factor=2,
+                              **worker_options(WORKERS))
 
 
 def _expected(s: lakestream.Stream, rank: int, world: int, start: int) -> list[Any]:
