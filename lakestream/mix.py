@@ -24,6 +24,7 @@ store: every rank and every restart derives the same rows from the same inputs.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -31,6 +32,8 @@ import numpy as np
 
 from lakestream.plan import check_world
 
+SIGMAS_KEPT = 64
+"""Window permutations a plan keeps (a few windows of every source)."""
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -117,6 +120,7 @@ class MixPlan:
             self.steps_per_epoch = min((s.sealed or 0) // s.take for s in sources
                                        if not s.cycle)
         self._orders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._sigmas: OrderedDict[tuple[int, int, int, int], np.ndarray] = OrderedDict()
 
     # -- sizes ------------------------------------------------------------------------
 
@@ -201,15 +205,27 @@ class MixPlan:
     def _permutes_windows(self, i: int) -> bool:
         return self.epochs is not None or self.sources[i].cycle
 
-    def _offsets(self, i: int, step: int, slots: np.ndarray) -> tuple[np.ndarray, int]:
-        """The source offsets of ``slots`` of ``step``, and the offset the step needs
-        committed (the end of the windows it reads)."""
+    def _sigma(self, i: int, epoch: int, w: int, groups: int) -> np.ndarray:
+        """The permutation of window ``w``'s groups (kept for the last few windows: every
+        step of a window asks for it, and every rank)."""
+        key = (i, epoch, w, groups)
+        sigma = self._sigmas.get(key)
+        if sigma is None:
+            sigma = self._sigmas[key] = permutation(groups, self.seed, i, epoch, w + 1)
+            if len(self._sigmas) > SIGMAS_KEPT:
+                self._sigmas.popitem(last=False)
+        return sigma
+
+    def _offsets(self, i: int, step: int, slots: np.ndarray, *, rows: bool = True
+                 ) -> tuple[np.ndarray | None, int]:
+        """The source offsets of ``slots`` of ``step`` (None unless ``rows``), and the offset
+        the step needs committed (the end of the windows it reads)."""
         s = self.sources[i]
         epochs, pos = self._epoch_positions(i, step, slots)
         if self.shuffle_window is None:
             return pos, int(pos.max()) + 1
         size, g = self._window(i), s.group_size
-        out = np.empty_like(pos)
+        out = np.empty_like(pos) if rows else None
         needed = 0
         for epoch in np.unique(epochs):
             mask = epochs == epoch
@@ -226,12 +242,15 @@ class MixPlan:
             for w in np.unique(wid):
                 first = base + int(w) * size
                 length = size if s.sealed is None else min(size, s.sealed - first)
-                sigma = permutation(length // g, self.seed, i, int(epoch), int(w) + 1)
+                needed = max(needed, first + length)
+                if out is None:
+                    continue
+                sigma = self._sigma(i, int(epoch), int(w), length // g)
                 sel = wid == w
                 u = within[sel]
                 got[sel] = first + sigma[u // g] * g + u % g
-                needed = max(needed, first + length)
-            out[mask] = got
+            if out is not None:
+                out[mask] = got
         return out, needed
 
     # -- what a step reads --------------------------------------------------------------
@@ -243,13 +262,14 @@ class MixPlan:
         for i, s in enumerate(self.sources):
             share = s.take // world_size
             offsets, _ = self._offsets(i, step, np.arange(rank * share, (rank + 1) * share))
+            assert offsets is not None
             out.append(runs(offsets))
         return out
 
     def needed(self, step: int) -> list[int]:
         """For each source, the samples that must be committed for ``step`` to be readable
         (by every rank at once)."""
-        return [self._offsets(i, step, np.arange(s.take))[1]
+        return [self._offsets(i, step, np.arange(s.take), rows=False)[1]
                 for i, s in enumerate(self.sources)]
 
     def cursor(self, step: int) -> list[int]:
