@@ -24,14 +24,18 @@ import torch
 Collate = Callable[[pa.Table], Any]
 
 
-def _flat(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets) of a list column, nulls as empty lists."""
-    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    if arr.null_count:
-        arr = pc.fill_null(arr, pa.scalar([], arr.type))
-    offsets = np.asarray(arr.offsets, dtype=np.int64)
-    values = np.asarray(arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])))
-    return values, offsets - offsets[0]
+def _chunks(column: pa.ChunkedArray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(values, offsets) of each chunk of a list column, offsets from 0 into those values,
+    nulls as empty lists: the chunks are padded or packed where they are, not first combined
+    into one array (a copy of the whole column)."""
+    out = []
+    for arr in column.chunks:
+        if arr.null_count:
+            arr = pc.fill_null(arr, pa.scalar([], arr.type))
+        offsets = np.asarray(arr.offsets, dtype=np.int64)
+        values = np.asarray(arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])))
+        out.append((values, offsets - offsets[0]))
+    return out
 
 
 def _zeros(shape: tuple[int, ...], dtype: np.dtype[Any], shared: bool
@@ -58,15 +62,41 @@ def _copy(values: np.ndarray, shared: bool) -> torch.Tensor:
     return tensor
 
 
-def _pad(values: np.ndarray, offsets: np.ndarray, shared: bool
+ROW_COPY_WIDTH = 256
+"""From this padded width on, rows are copied one slice at a time; below it, through a
+mask of the whole ``[n, width]`` block (cheaper when rows are short and many)."""
+
+
+def _pad(chunks: list[tuple[np.ndarray, np.ndarray]], dtype: np.dtype[Any], shared: bool
          ) -> tuple[torch.Tensor, np.ndarray]:
-    lengths = np.diff(offsets)
+    lengths = np.concatenate([np.diff(o) for _, o in chunks]) if chunks \
+        else np.zeros(0, np.int64)
     width = int(lengths.max()) if len(lengths) else 0
-    tensor, out = _zeros((len(lengths), width), values.dtype, shared)
-    if width:
-        mask = np.arange(width)[None, :] < lengths[:, None]
-        out[mask] = values
+    tensor, out = _zeros((len(lengths), width), dtype, shared)
+    row = 0
+    for values, offsets in chunks:
+        n = len(offsets) - 1
+        if width >= ROW_COPY_WIDTH:
+            bounds = offsets.tolist()
+            for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+                out[row + k, :b - a] = values[a:b]
+        elif width:
+            block = lengths[row:row + n]
+            out[row:row + n][np.arange(width)[None, :] < block[:, None]] = values
+        row += n
     return tensor, lengths
+
+
+def _pack(chunks: list[tuple[np.ndarray, np.ndarray]], dtype: np.dtype[Any], shared: bool
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    total = sum(len(v) for v, _ in chunks)
+    tensor, out = _zeros((total,), dtype, shared)
+    starts, at = [np.zeros(1, np.int64)], 0
+    for values, offsets in chunks:
+        out[at:at + len(values)] = values
+        starts.append(offsets[1:] + at)
+        at += len(values)
+    return tensor, _copy(np.concatenate(starts), shared)
 
 
 def collate_table(table: pa.Table, mode: str = "padded", *,
@@ -85,12 +115,12 @@ def collate_table(table: pa.Table, mode: str = "padded", *,
                     or pa.types.is_boolean(t.value_type)):
                 out[field.name] = col.to_pylist()
                 continue
-            values, offsets = _flat(col)
+            chunks = _chunks(col)
+            dtype = np.dtype(t.value_type.to_pandas_dtype())
             if mode == "packed":
-                out[field.name] = _copy(values, shared)
-                out[f"{field.name}_offsets"] = _copy(offsets, shared)
+                out[field.name], out[f"{field.name}_offsets"] = _pack(chunks, dtype, shared)
             else:
-                out[field.name], lengths = _pad(values, offsets, shared)
+                out[field.name], lengths = _pad(chunks, dtype, shared)
                 out[f"{field.name}_lengths"] = _copy(lengths, shared)
         elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) \
                 and not col.null_count:

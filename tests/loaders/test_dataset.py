@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -69,6 +70,40 @@ def test_padded_and_packed_collate() -> None:
     packed = collate_table(table, "packed")
     assert packed["tokens"].tolist() == [1, 2, 3, 4]
     assert packed["tokens_offsets"].tolist() == [0, 3, 4]
+
+
+@pytest.mark.parametrize("longest", [5, 700])  # below and above ROW_COPY_WIDTH
+@pytest.mark.parametrize("mode", ["padded", "packed"])
+def test_collate_of_sliced_chunks_with_nulls_matches_the_rows(mode: str, longest: int) -> None:
+    """A step's table is slices of several fragments: each chunk is padded or packed where
+    it is, and the result is what the rows say, whatever the chunks' offsets."""
+    rng = np.random.default_rng(longest)
+
+    def chunk(n: int) -> pa.Table:
+        lists = [None if k % 5 == 3 else rng.integers(0, 99, rng.integers(0, longest + 1))
+                 .tolist() for k in range(n)]
+        lists[0] = list(range(longest))
+        return pa.table({"tokens": pa.array(lists, pa.list_(pa.int32())),
+                         "mask": pa.array([None if v is None else [x % 2 == 0 for x in v]
+                                           for v in lists], pa.list_(pa.bool_())),
+                         "logprobs": pa.array([None if v is None else [x / 4 for x in v]
+                                               for v in lists], pa.list_(pa.float32()))})
+
+    table = pa.concat_tables([chunk(9).slice(2, 5), chunk(1), chunk(7).slice(3)])
+    assert table.column("tokens").num_chunks == 3
+    out = collate_table(table, mode)
+    for name, dtype in (("tokens", torch.int32), ("mask", torch.bool),
+                        ("logprobs", torch.float32)):
+        rows = [v or [] for v in table.column(name).to_pylist()]
+        assert out[name].dtype == dtype
+        if mode == "packed":
+            assert out[name].tolist() == [x for v in rows for x in v]
+            assert out[f"{name}_offsets"].tolist() == np.cumsum(
+                [0] + [len(v) for v in rows]).tolist()
+        else:
+            width = max(len(v) for v in rows)
+            assert out[name].tolist() == [v + [0] * (width - len(v)) for v in rows]
+            assert out[f"{name}_lengths"].tolist() == [len(v) for v in rows]
 
 
 @pytest.mark.parametrize("mode", ["padded", "packed"])
