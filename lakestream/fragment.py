@@ -87,12 +87,19 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
 class FragmentCache:
     """Decoded fragments, least recently used first out, bounded in bytes, shared by the
     threads of a reader: a fragment that several of them ask for at once is decoded once.
-    ``advance(g)`` drops what was last used before generation ``g - 1`` (a shuffled reader's
-    windows: once the next window is read, the one before the current is done with)."""
+
+    A shuffled reader's windows are generations: each read of a step is wrapped in
+    ``begin(g)`` / ``end(g)`` with its window g. When a read ends, a table is dropped if it
+    was last used before both the latest generation begun and every generation still being
+    read: once the next window is read and no read of the one before is in flight, the one
+    before is done with. (Keeping it until the window after, as this did before, held twice the
+    memory, and freeing a whole window at once had the allocator hand its pages back, to
+    have the kernel zero them again for the next: ``bench/mixing.py``.)"""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._generation = 0
+        self._active: dict[int, int] = {}
         self._used: dict[tuple[str, str], int] = {}
         self._tables: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
         self._loading: dict[tuple[str, str], Future[pa.Table]] = {}
@@ -137,16 +144,27 @@ class FragmentCache:
         pending.set_result(table)
         return table
 
-    def advance(self, generation: int) -> None:
-        """Enters ``generation`` (if later) and drops the tables last used before the one
-        before it."""
+    def begin(self, generation: int) -> None:
+        """A read of a step of ``generation`` starts (entering it, if later)."""
         with self._lock:
-            if generation <= self._generation:
-                return
-            self._generation = generation
-            for key in [k for k, g in self._used.items() if g < generation - 1]:
-                del self._used[key]
-                self._bytes -= self._tables.pop(key).nbytes
+            self._active[generation] = self._active.get(generation, 0) + 1
+            self._generation = max(self._generation, generation)
+            # Keep the generation before: its last reads may not have begun yet (a pool's
+            # threads start the steps handed to them in any order).
+            self._drop_before(min([self._generation - 1, *self._active]))
+
+    def end(self, generation: int) -> None:
+        """That read is over: drops what only reads of earlier generations used."""
+        with self._lock:
+            left = self._active.pop(generation) - 1
+            if left:
+                self._active[generation] = left
+            self._drop_before(min([self._generation, *self._active]))
+
+    def _drop_before(self, generation: int) -> None:
+        for key in [k for k, g in self._used.items() if g < generation]:
+            del self._used[key]
+            self._bytes -= self._tables.pop(key).nbytes
 
 
 class FragmentReader:

@@ -178,14 +178,19 @@ class MixSteps:
             StepNotAvailableError: a source has not committed them yet, or reclaimed them.
         """
         plan = self.plan
-        if self._cache is not None and plan.shuffle_window is not None:
-            # Windows are read one after another: keep the current one and the one before.
-            self._cache.advance((step - plan.base_step) // plan.shuffle_window)
         what = f"step {step}" if len(self.streams) == 1 else f"step {step} of the mix"
-        parts = [stream.read_offsets(spans, columns, what=what, cache=self._cache)
-                 for stream, spans in zip(self.streams,
-                                          plan.rank_spans(step, rank, world_size),
-                                          strict=True) if spans]
+        spans = plan.rank_spans(step, rank, world_size)
+        window = None
+        if self._cache is not None and plan.shuffle_window is not None:
+            window = (step - plan.base_step) // plan.shuffle_window
+            self._cache.begin(window)  # windows are read one after another
+        try:
+            parts = [stream.read_offsets(s, columns, what=what, cache=self._cache)
+                     for stream, s in zip(self.streams, spans, strict=True) if s]
+        finally:
+            if window is not None:
+                assert self._cache is not None
+                self._cache.end(window)
         if len(parts) == 1:
             return parts[0]
         # Sources agree on the columns' types (checked by the dataset); nullability or

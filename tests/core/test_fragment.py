@@ -60,7 +60,7 @@ def test_a_small_fragment_is_checked_by_its_crc_alone(tmp_path) -> None:
         _read(tmp_path / "checked", damaged, crc32=zlib.crc32(body))
 
 
-def test_the_fragment_cache_decodes_once_and_keeps_two_windows() -> None:
+def test_the_fragment_cache_decodes_once_and_drops_a_window_once_nobody_reads_it() -> None:
     import threading
 
     import pyarrow as pa
@@ -84,9 +84,24 @@ def test_the_fragment_cache_decodes_once_and_keeps_two_windows() -> None:
     for t in threads:
         t.join()
     assert loads == ["a"] and cache.decoded == 1  # four readers, one decode
-    cache.advance(1)
+    cache.begin(0)  # a read of window 0
+    cache.begin(1)  # and one of window 1, while the first is still in flight
     cache.fetch(("b", "*"), lambda: load("b"))
-    cache.advance(2)  # "a" was last used in generation 0: done with
+    cache.fetch(("a", "*"), lambda: load("a"))  # the window-0 read: "a" is still there
+    assert loads == ["a", "b"]
+    cache.end(0)
+    cache.end(1)
+    cache.fetch(("b", "*"), lambda: load("b"))  # no read in flight: window 1 is kept
+    assert loads == ["a", "b"]
+    cache.begin(2)
+    cache.fetch(("c", "*"), lambda: load("c"))
+    cache.end(2)  # nothing reads window 1 any more: what it used goes at once
     cache.fetch(("a", "*"), lambda: load("a"))
-    cache.fetch(("b", "*"), lambda: load("b"))  # used in generation 1: kept
-    assert loads == ["a", "b", "a"]
+    cache.fetch(("c", "*"), lambda: load("c"))
+    assert loads == ["a", "b", "c", "a"]
+    cache.begin(3)  # a read of window 3 starts before the last one of window 2 does
+    cache.begin(2)
+    cache.fetch(("c", "*"), lambda: load("c"))
+    cache.end(2)
+    cache.end(3)
+    assert loads == ["a", "b", "c", "a"]
