@@ -92,9 +92,10 @@ class FragmentCache:
     ``begin(g)`` / ``end(g)`` with its window g. When a read ends, a table is dropped if it
     was last used before both the latest generation begun and every generation still being
     read: once the next window is read and no read of the one before is in flight, the one
-    before is done with. (Keeping it until the window after, as this did before, held twice the
-    memory, and freeing a whole window at once had the allocator hand its pages back, to
-    have the kernel zero them again for the next: ``bench/mixing.py``.)"""
+    before is done with. (Keeping it until the window after held twice the memory, and the
+    allocator handed its pages back to have the kernel zero them again: ``bench/mixing.py``.)
+    A reader whose windows of steps do not line up with its sources' windows keeps one
+    generation more (``end(g, keep=1)``): a source window then spans two of its windows."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -153,13 +154,16 @@ class FragmentCache:
             # threads start the steps handed to them in any order).
             self._drop_before(min([self._generation - 1, *self._active]))
 
-    def end(self, generation: int) -> None:
-        """That read is over: drops what only reads of earlier generations used."""
+    def end(self, generation: int, keep: int = 0) -> None:
+        """That read is over: drops what only reads of generations before both every one
+        still being read and the ``keep`` before the latest begun used (``keep=1`` where a
+        later step may still need what an earlier generation's read used: a shuffled
+        source whose windows do not start where the reader's windows of steps do)."""
         with self._lock:
             left = self._active.pop(generation) - 1
             if left:
                 self._active[generation] = left
-            self._drop_before(min([self._generation, *self._active]))
+            self._drop_before(min([self._generation - keep, *self._active]))
 
     def _drop_before(self, generation: int) -> None:
         for key in [k for k, g in self._used.items() if g < generation]:

@@ -140,6 +140,29 @@ class MixPlan:
         end = self.num_steps
         return end is not None and step >= end
 
+    @property
+    def aligned(self) -> bool:
+        """Whether every source's shuffle windows start where the plan's windows of steps
+        do (at steps ``base_step + k * shuffle_window``): then each window of steps reads
+        whole source windows, and no later step reads one an earlier window of steps read.
+
+        Not so when a source's windows are permuted (``epochs``, ``cycle``) and its size is
+        not a whole number of windows (the short one falls anywhere in the order), or when a
+        cycling source resumes in the middle of a window. (A plan with epochs starts at 0,
+        and with every size a whole number of windows so is every epoch.)
+        """
+        if self.shuffle_window is None:
+            return True
+        for i, s in enumerate(self.sources):
+            if not self._permutes_windows(i):
+                continue  # live: its windows start at its start, as the steps' do
+            size = self._window(i)
+            if s.sealed is None or s.sealed % size:
+                return False
+            if s.cycle and s.start % size:
+                return False
+        return True
+
     def check_world(self, world_size: int) -> None:
         """Raises ValueError unless every rank can take whole groups of every source."""
         for i, s in enumerate(self.sources):

@@ -190,7 +190,7 @@ class MixSteps:
         finally:
             if window is not None:
                 assert self._cache is not None
-                self._cache.end(window)
+                self._cache.end(window, keep=0 if plan.aligned else 1)
         if len(parts) == 1:
             return parts[0]
         # Sources agree on the columns' types (checked by the dataset); nullability or

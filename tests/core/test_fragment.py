@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import lakestream
 from lakestream import fragment
 from lakestream.errors import CorruptLogError
 from lakestream.fragment import FragmentReader, encode_fragment
@@ -105,3 +106,34 @@ def test_the_fragment_cache_decodes_once_and_drops_a_window_once_nobody_reads_it
     cache.end(2)
     cache.end(3)
     assert loads == ["a", "b", "c", "a"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_shuffled_mix_decodes_each_fragment_once_an_epoch_when_windows_straddle_steps(
+        tmp_path, seed: int) -> None:
+    # 40 samples in fragments of 4, windows of 4 steps of 4: two windows of 16 and a short
+    # one of 8, placed anywhere in an epoch's order, so a source window can begin in the
+    # middle of the steps' window and end in the next one.
+    from lakestream.steps import Source, open_mix
+    from tests.helpers import SCHEMA, rows
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    for i in range(10):
+        s.append(rows(4 * i, 4))
+    s.seal()
+    mix = open_mix([Source(s.uri, take=4)], shuffle_window=4, epochs=3, seed=seed)
+    cache = mix._cache
+    assert cache is not None
+    fetch, decoded = cache.fetch, []
+
+    def counted(key, load):  # what each epoch decodes
+        return fetch(key, lambda: (decoded[-1].append(key), load())[1])
+
+    cache.fetch = counted  # type: ignore[method-assign]
+    seen = []
+    for epoch in range(3):
+        decoded.append([])
+        for step in range(10 * epoch, 10 * epoch + 10):
+            seen += mix.read(step, 0, 1).column("id").to_pylist()
+        assert len(decoded[-1]) == len(set(decoded[-1])), f"epoch {epoch}: {decoded[-1]}"
+    assert sorted(seen) == sorted(list(range(40)) * 3)

@@ -4,8 +4,11 @@ groups whole and are the same wherever they are computed."""
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lakestream.mix import MixPlan, SourcePlan, permutation
@@ -145,3 +148,42 @@ def test_a_changed_mix_resumes_a_cycling_source_at_its_position() -> None:
     assert plan.hold_from(5) == [20, 0]  # it holds all of itself
     shuffled = MixPlan([SourcePlan(take=4)], shuffle_window=3)
     assert shuffled.cursor(4) == shuffled.hold_from(4) == [12]  # its window's start
+
+
+@settings(max_examples=150, deadline=None)
+@given(_plans(sealed=True))
+def test_a_fragment_is_read_within_the_windows_of_steps_a_reader_keeps(
+        case: tuple[MixPlan, int]) -> None:
+    # What lets a shuffled reader drop a fragment once the next window of steps is read
+    # (one window more where windows are not aligned): within a source epoch, every read
+    # of a fragment falls in one window of steps (two in a row where not aligned). A
+    # fragment here is the largest block of offsets that never straddles a source window.
+    plan, _ = case
+    assume(plan.shuffle_window is not None)
+    w, keep = plan.shuffle_window, 0 if plan.aligned else 1
+    end = min(plan.num_steps or 60, 60)
+    for i, s in enumerate(plan.sources):
+        assert s.sealed is not None
+        block = math.gcd(w * s.take, s.sealed)
+        windows: defaultdict[tuple[int, int], set[int]] = defaultdict(set)
+        for step in range(end):
+            for j, x in enumerate(_read(plan, step, 0, 1)[i]):
+                if s.cycle:
+                    epoch = (plan.position(i, step) + j) // s.sealed
+                else:
+                    assert plan.steps_per_epoch
+                    epoch = step // plan.steps_per_epoch
+                windows[epoch, x // block].add(step // w)
+        assert all(max(t) - min(t) <= keep for t in windows.values()), dict(windows)
+
+
+def test_windows_align_unless_a_permuted_source_has_a_short_window_or_an_epoch_cuts_one(
+        ) -> None:
+    live = SourcePlan(4, 1)
+    sealed = SourcePlan(4, 1, sealed=32)  # windows of 2 steps: 8 samples, 4 of them
+    assert MixPlan([live, sealed], shuffle_window=2).aligned
+    assert MixPlan([sealed], shuffle_window=2, epochs=3).aligned
+    assert not MixPlan([SourcePlan(4, 1, sealed=36)], shuffle_window=2, epochs=3).aligned
+    assert MixPlan([live, SourcePlan(4, 1, cycle=True, sealed=32)], shuffle_window=2).aligned
+    assert not MixPlan([live, SourcePlan(4, 1, cycle=True, sealed=32, start=4)],
+                       shuffle_window=2).aligned  # resumed inside a window
