@@ -331,7 +331,8 @@ class Producer:
             failpoint("before_upload")
             body = encode_fragment(table, self._stream.group_size,
                                    compression=self.options.compression,
-                                   compression_level=self.options.compression_level)
+                                   compression_level=self.options.compression_level,
+                                   nbytes=nbytes)
             key = fragment_key(self.producer_id, self.epoch, seq)
             put_fragment(self._stream.store, key, body)
             failpoint("after_upload")
