@@ -3,7 +3,7 @@
 Default (``collate="padded"``), for a slice of n samples:
 - fixed-width columns (ints, floats, bools) -> a tensor of shape ``[n]``;
 - list columns (tokens, log-probs) -> ``name``: ``[n, max_len]`` padded with 0, and
-  ``name_lengths``: ``[n]`` (int64);
+  ``name_lengths``: ``[n]`` (int64); a null list is empty, a null value in one is 0;
 - strings and binaries -> a Python list of n values.
 
 ``collate="packed"`` keeps list columns jagged: ``name``: the ``[total]`` flat values and
@@ -24,17 +24,27 @@ import torch
 Collate = Callable[[pa.Table], Any]
 
 
+SMALL_CHUNK_ROWS = 16
+"""Chunks shorter than this on average are combined first: each chunk costs a few numpy
+calls, and a shuffled step of one-sample groups holds about a chunk per sample."""
+
+
 def _chunks(column: pa.ChunkedArray) -> list[tuple[np.ndarray, np.ndarray]]:
     """(values, offsets) of each chunk of a list column, offsets from 0 into those values,
-    nulls as empty lists: the chunks are padded or packed where they are, not first combined
-    into one array (a copy of the whole column)."""
+    null lists as empty ones and null values in them as 0: the chunks are padded or packed
+    where they are, not first combined into one array (a copy of the whole column)."""
+    arrays = column.chunks
+    if len(arrays) > 1 and len(column) < SMALL_CHUNK_ROWS * len(arrays):
+        arrays = [column.combine_chunks()]
     out = []
-    for arr in column.chunks:
+    for arr in arrays:
         if arr.null_count:
             arr = pc.fill_null(arr, pa.scalar([], arr.type))
         offsets = np.asarray(arr.offsets, dtype=np.int64)
-        values = np.asarray(arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])))
-        out.append((values, offsets - offsets[0]))
+        values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        if values.null_count:
+            values = pc.fill_null(values, pa.scalar(0).cast(values.type))
+        out.append((np.asarray(values), offsets - offsets[0]))
     return out
 
 

@@ -107,6 +107,23 @@ def test_collate_of_sliced_chunks_with_nulls_matches_the_rows(mode: str, longest
 
 
 @pytest.mark.parametrize("mode", ["padded", "packed"])
+def test_collate_reads_null_values_in_lists_as_zeros_and_many_small_chunks_whole(
+        mode: str) -> None:
+    rows = [[1, None, 3], [4], [], [5, 6]] * 8
+    one = pa.table({"tokens": pa.array(rows, pa.list_(pa.int32()))})
+    table = pa.concat_tables([one.slice(k, 1) for k in range(len(rows))])
+    assert table.column("tokens").num_chunks == len(rows)  # a chunk per sample
+    clean = [[x or 0 for x in v] for v in rows]
+    for t in (one, table):
+        out = collate_table(t, mode)
+        assert out["tokens"].dtype == torch.int32
+        if mode == "packed":
+            assert out["tokens"].tolist() == [x for v in clean for x in v]
+        else:
+            assert out["tokens"].tolist() == [v + [0] * (3 - len(v)) for v in clean]
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed"])
 def test_shared_collate_makes_the_same_tensors_in_shared_memory(mode: str) -> None:
     """What a DataLoader worker makes: the same tensors, already in shared memory, so that
     handing them to the trainer process copies nothing more."""
