@@ -32,8 +32,9 @@ import numpy as np
 
 from lakestream.plan import check_world
 
-SIGMAS_KEPT = 64
-"""Window permutations a plan keeps (a few windows of every source)."""
+KEPT_PER_SOURCE = 4
+"""Window permutations, and epoch orders of windows, a plan keeps per source: a step and the
+reads ahead of it touch at most two windows of each source, and two epochs of a cycling one."""
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -119,8 +120,9 @@ class MixPlan:
         if epochs is not None:
             self.steps_per_epoch = min((s.sealed or 0) // s.take for s in sources
                                        if not s.cycle)
-        self._orders: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._orders: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._sigmas: OrderedDict[tuple[int, int, int, int], np.ndarray] = OrderedDict()
+        self._kept = KEPT_PER_SOURCE * len(sources)
 
     # -- sizes ------------------------------------------------------------------------
 
@@ -212,14 +214,16 @@ class MixPlan:
         """Source ``i``'s windows in the order epoch ``epoch`` takes them, and where each
         starts in that order (a last, shorter window included)."""
         key = (i, epoch)
-        if key not in self._orders:
+        found = self._orders.get(key)
+        if found is None:
             s, size = self.sources[i], self._window(i)
             assert s.sealed is not None
             count = -(-s.sealed // size)
             order = permutation(count, self.seed, i, epoch, 0)
             sizes = np.where(order == count - 1, s.sealed - (count - 1) * size, size)
-            self._orders[key] = order, np.concatenate([[0], np.cumsum(sizes)])
-        return self._orders[key]
+            found = order, np.concatenate([[0], np.cumsum(sizes)])
+            _keep(self._orders, key, found, self._kept)
+        return found
 
     def _window(self, i: int) -> int:
         assert self.shuffle_window is not None
@@ -234,9 +238,8 @@ class MixPlan:
         key = (i, epoch, w, groups)
         sigma = self._sigmas.get(key)
         if sigma is None:
-            sigma = self._sigmas[key] = permutation(groups, self.seed, i, epoch, w + 1)
-            if len(self._sigmas) > SIGMAS_KEPT:
-                self._sigmas.popitem(last=False)
+            sigma = permutation(groups, self.seed, i, epoch, w + 1)
+            _keep(self._sigmas, key, sigma, self._kept)
         return sigma
 
     def _offsets(self, i: int, step: int, slots: np.ndarray, *, rows: bool = True
@@ -323,3 +326,10 @@ def runs(offsets: np.ndarray) -> list[tuple[int, int]]:
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [offsets.size]])
     return [(int(offsets[a]), int(offsets[b - 1]) + 1) for a, b in zip(starts, ends, strict=True)]
+
+
+def _keep(cache: OrderedDict, key: tuple, value: object, limit: int) -> None:
+    """Adds ``value`` to ``cache``, dropping the oldest entries beyond ``limit``."""
+    cache[key] = value
+    while len(cache) > limit:
+        cache.popitem(last=False)

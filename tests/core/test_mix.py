@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lakestream.mix import MixPlan, SourcePlan, permutation
+from lakestream.mix import KEPT_PER_SOURCE, MixPlan, SourcePlan, permutation
 from lakestream.plan import slice_offsets
 
 
@@ -187,3 +187,19 @@ def test_windows_align_unless_a_permuted_source_has_a_short_window_or_an_epoch_c
     assert MixPlan([live, SourcePlan(4, 1, cycle=True, sealed=32)], shuffle_window=2).aligned
     assert not MixPlan([live, SourcePlan(4, 1, cycle=True, sealed=32, start=4)],
                        shuffle_window=2).aligned  # resumed inside a window
+
+
+def test_a_long_run_over_a_cycling_source_keeps_a_bounded_plan() -> None:
+    """A small cycling source wraps every few steps: a plan that kept every epoch's order of
+    windows, or every window's permutation, would grow with the run."""
+    plan = MixPlan([SourcePlan(take=4, cycle=True, sealed=12), SourcePlan(take=4, cycle=True,
+                                                                         sealed=20)],
+                   shuffle_window=2, seed=5)
+    first = [_read(plan, step, 0, 1) for step in range(30)]
+    for step in range(30, 3000):
+        _read(plan, step, 0, 1)
+    kept = len(plan._orders) + len(plan._sigmas)
+    assert 0 < kept <= 2 * KEPT_PER_SOURCE * len(plan.sources)
+    again = MixPlan(plan.sources, shuffle_window=2, seed=5)
+    assert [_read(plan, step, 0, 1) for step in range(30)] == first == [
+        _read(again, step, 0, 1) for step in range(30)]
