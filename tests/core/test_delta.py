@@ -338,6 +338,39 @@ def test_a_finite_state_round_trips_as_strict_json() -> None:
     assert isinstance(decoded, Append) and decoded.state == state
 
 
+def test_every_line_of_an_append_is_the_compact_json_of_what_it_parses_to() -> None:
+    """The checksum covers each line as compact JSON, and the add lines are formatted
+    directly: they must be exactly what serialising their parsed values gives."""
+    refs = tuple(FragmentRef(f"data/p-{k}.x_Y/{k:06d}-{k}b.parquet", k + 1, 10 * k + 7,
+                             100 * k, k, -1 if k == 0 else 2**32 - k) for k in range(3))
+    data = encode_entry(Append("p-0", 2, refs, {"k": [1, "é", 0.5]}))
+    lines = data.decode().split("\n")
+    assert lines[-1] == "" and len(lines) == 1 + 3 + 1 + 1  # commitInfo, adds, txn
+    for line in lines[:-1]:
+        assert json.dumps(json.loads(line), separators=(",", ":")) == line
+    adds = [json.loads(line)["add"] for line in lines[1:4]]
+    assert [a["stats"] for a in adds] == [json.dumps({"numRecords": f.rows}) for f in refs]
+    assert [a["tags"]["lakestream.crc32"] for a in adds] == [str(f.crc32) for f in refs]
+    decoded = decode_entry(1, data)
+    assert isinstance(decoded, Append) and decoded.fragments == refs
+
+
+def test_an_entry_laid_out_by_another_writer_is_checked_line_by_line() -> None:
+    """Bytes laid out otherwise than encode_entry lays them out (spaces after separators)
+    are checked by serialising their lines again; a damaged entry is refused either way,
+    and so are two values on one line."""
+    data = encode_entry(_append({"a": 1}))
+    spaced = ("\n".join(json.dumps(a) for a in _actions(data)) + "\n").encode()
+    assert spaced != data and decode_entry(1, spaced) == decode_entry(1, data)
+    for damaged in (data.replace(b'"size":100', b'"size":101'),
+                    spaced.replace(b'"size": 100', b'"size": 101')):
+        with pytest.raises(CorruptLogError, match="checksum"):
+            decode_entry(1, damaged)
+    first, rest = data.split(b"\n", 1)
+    with pytest.raises(CorruptLogError, match="cannot be read"):
+        decode_entry(1, first + b"," + rest)
+
+
 def test_an_old_entry_with_nan_state_still_decodes() -> None:
     # Written before the check: reading it must not fail, or the stream would not open.
     lines = _actions(encode_entry(_append(0.0)))
