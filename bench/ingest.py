@@ -135,11 +135,12 @@ def growth(root: str, target_versions: int, producers: int) -> dict[str, Any]:
     for p in procs:
         p.start()
     s = lakestream.open(uri)
+    pids = [p.pid for p in procs if p.pid is not None]
     series = []
     while True:
         time.sleep(0.25)
         s.refresh()
-        series.append((time.time(), s.version, s.num_samples))
+        series.append((time.time(), s.version, s.num_samples, *_cpu_s(pids), _steal_s()))
         if s.version >= target_versions:
             break
     for p in procs:
@@ -147,21 +148,58 @@ def growth(root: str, target_versions: int, producers: int) -> dict[str, Any]:
         p.join()
     series = [x for x in series if x[0] >= start_at]
     t0 = series[0][0]
-    points = [{"t": t - t0, "version": v, "samples": n} for t, v, n in series]
+    points = [{"t": t - t0, "version": v, "samples": n, "producer_user_s": u,
+               "producer_system_s": k, "steal_s": st} for t, v, n, u, k, st in series]
 
-    def rate(lo: float, hi: float) -> float:
-        """Samples/s while the version went from lo to hi (fractions of the run)."""
-        vmax = series[-1][1]
-        window = [x for x in series if lo * vmax <= x[1] <= hi * vmax]
-        (ta, _, na), (tb, _, nb) = window[0], window[-1]
-        return (nb - na) / (tb - ta) if tb > ta else 0.0
+    def tenth(d: int) -> tuple[float, float, float, float, float]:
+        """While the version went through tenth ``d`` of the run: samples/s, the producers'
+        CPU-ms per 1,000 samples, in user space and in the kernel, the share of the
+        machine's time its host took, and versions/s."""
+        v0, vmax = series[0][1], series[-1][1]
+        window = [x for x in series
+                  if v0 + d / 10 * (vmax - v0) <= x[1] <= v0 + (d + 1) / 10 * (vmax - v0)]
+        (ta, va, na, ua, ka, sa), (tb, vb, nb, ub, kb, sb) = window[0], window[-1]
+        if tb <= ta or nb <= na:
+            return 0.0, 0.0, 0.0, 0.0, 0.0
+        return ((nb - na) / (tb - ta), 1e6 * (ub - ua) / (nb - na), 1e6 * (kb - ka) / (nb - na),
+                (sb - sa) / ((tb - ta) * (os.cpu_count() or 1)), (vb - va) / (tb - ta))
 
-    deciles = [rate(d / 10, (d + 1) / 10) for d in range(10)]
+    tenths = [tenth(d) for d in range(10)]
+    deciles = [t[0] for t in tenths]
     first, last = deciles[0], deciles[-1]
     return {"producers": producers, "versions": series[-1][1], "points": points,
             "decile_samples_per_s": deciles,
+            "decile_user_cpu_ms_per_1k_samples": [t[1] for t in tenths],
+            "decile_system_cpu_ms_per_1k_samples": [t[2] for t in tenths],
+            "decile_steal_share": [t[3] for t in tenths],
+            "decile_versions_per_s": [t[4] for t in tenths],
             "first_10pct_samples_per_s": first, "last_10pct_samples_per_s": last,
             "ratio_last_to_first": last / first if first else 0.0}
+
+
+def _cpu_s(pids: list[int]) -> tuple[float, float]:
+    """User and system CPU seconds of these live processes (Linux /proc; 0 where
+    unreadable)."""
+    user = system = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user, system = user + int(fields[11]), system + int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return user / tick, system / tick
+
+
+def _steal_s() -> float:
+    """CPU seconds the hypervisor has taken from this machine since boot (Linux /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            cpu = f.readline().split()
+        return int(cpu[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
