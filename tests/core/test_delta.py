@@ -355,6 +355,26 @@ def test_every_line_of_an_append_is_the_compact_json_of_what_it_parses_to() -> N
     assert isinstance(decoded, Append) and decoded.fragments == refs
 
 
+def test_an_append_is_serialised_once_and_checked_without_serialising_it_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Encoding and decoding an append sit in a commit's race window: serialising each add
+    twice and again to check it made a 680-fragment commit's window several times wider."""
+    import lakestream.log as log
+
+    refs = tuple(FragmentRef(f"data/p0/{k}.parquet", 4, 100, 4 * k, k) for k in range(500))
+    dumps, calls = json.dumps, [0]
+
+    def counting(*args: Any, **kwargs: Any) -> str:
+        calls[0] += 1
+        return dumps(*args, **kwargs)
+
+    monkeypatch.setattr(log.json, "dumps", counting)
+    data = encode_entry(Append("p0", 1, refs, None))
+    assert calls[0] <= len(refs) + 10  # a path each, and a few lines
+    monkeypatch.setattr(log, "entry_checksum", lambda lines: pytest.fail("serialised again"))
+    assert decode_entry(1, data).fragments == refs  # type: ignore[union-attr]
+
+
 def test_an_entry_laid_out_by_another_writer_is_checked_line_by_line() -> None:
     """Bytes laid out otherwise than encode_entry lays them out (spaces after separators)
     are checked by serialising their lines again; a damaged entry is refused either way,
