@@ -118,21 +118,20 @@ def test_the_commit_window_leaves_out_catching_up(tmp_path) -> None:
     timed = _Timed(behind.store)
     behind.store = timed  # type: ignore[assignment]
     result = behind.commit(lambda _s, cid: Fence("late", 1, cid), catch_up=True)
-    done = time.monotonic()
     assert result is not None and result.version == 401 and result.attempts == 1
     put = min((r for r in timed.requests if r[0] == "put"), key=lambda r: r[1])
     reads = [r for r in timed.requests if r[0] == "get" and r[2] <= put[1]]
     assert len(reads) >= 400  # it did catch up, before its put
-    start, last = min(r[1] for r in reads), max(r[1] for r in reads)
-    before = max(r[2] for r in reads if r[1] < last)  # the reads before the last had ended
-    # The commit began before the first read; its window, at the last read (the one that
-    # found the head absent). A window that leaves the rest of catching up out is shorter
-    # than the latency by at least the span of the reads before the last (from the first's
-    # start to their end: the window's clock is read between that end and the last read's
-    # start, so the last read's start would race it), and fits between the last read's
-    # start and the return.
-    assert result.latency_s - result.window_s >= before - start, (result, before - start)
-    assert result.window_s <= done - last, (result, done - last)
+    # The window's clock starts when catching up begins its last round of reads, so every
+    # read of an earlier round ended before it. ``opened`` is no later than that start (the
+    # clock that ends the window is read after the put returns). Reads slower than
+    # SLOW_ROUND_S go in parallel rounds of up to TAIL_WIDTH, so which reads share the last
+    # round depends on the machine's load: a quarter of them bounds it either way, where a
+    # window counting all of catching up would hold every read.
+    opened = put[2] - result.window_s
+    inside = [r for r in reads if r[2] > opened]
+    assert len(inside) <= len(reads) // 4, (result, len(inside), len(reads))
+    assert result.window_s < result.latency_s / 4, result
 
 
 def test_catching_up_stops_at_the_head_without_waiting_for_reads_past_it(tmp_path) -> None:
