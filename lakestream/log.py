@@ -438,31 +438,34 @@ def encode_entry(entry: Entry) -> bytes:
     return (_dump(commit_info) + body + "\n").encode()
 
 
-def _parse_lines(data: bytes) -> list[Any]:
-    """The JSON values of the lines of ``data``, blank lines skipped. Split on "\\n" alone,
-    as Delta readers do (splitlines() also splits on \\v, \\f, \\x1c...)."""
-    try:  # one parse of the lines as an array: an append has hundreds
-        values = json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]")
-        if len(values) == data.rstrip(b"\n").count(b"\n") + 1:  # a value a line
+def _parse_lines(data: bytes, as_written: bool) -> list[Any]:
+    """The JSON values of the lines of ``data``, blank lines skipped. Bytes laid out as
+    ``encode_entry`` writes them (``as_written``) are parsed as one JSON array, an append
+    having hundreds of lines; any others line by line, so that a line that is not one JSON
+    value is refused as other Delta readers refuse it."""
+    if as_written:
+        values = json.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+        if len(values) == data.count(b"\n"):  # a value a line
             return values
-    except ValueError:
-        pass
-    # Blank lines inside, or not a value a line: line by line says which.
     return [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
 
 
-def _written_here(data: bytes, stored: Any) -> bool:
-    """Whether ``stored`` is the checksum of ``data`` exactly as ``encode_entry`` writes it:
-    the raw lines, the checksum cut from the end of the first. Saves serialising every
-    line again; an entry laid out otherwise is checked by ``entry_checksum``."""
-    if type(stored) is not int:
-        return False
+_CRC_TAIL = re.compile(rb',"crc32":(0|[1-9][0-9]{0,9})\}\}\}\Z')
+
+
+def _as_written(data: bytes) -> int | None:
+    """The checksum of ``data`` if it is byte for byte as ``encode_entry`` writes it (the
+    CRC-32 at the end of its first line matches the raw lines with it cut out), else None:
+    checking the raw bytes saves serialising every line again (``entry_checksum``)."""
     first = data.find(b"\n")
-    tail = b',"crc32":%d}}}' % stored
-    if first < 0 or not data.endswith(b"\n") or not data[:first].endswith(tail):
-        return False
-    crc = zlib.crc32(data[:first - len(tail)] + b"}}}")
-    return zlib.crc32(data[first:-1], crc) == stored
+    if first < 0 or not data.endswith(b"\n"):
+        return None
+    tail = _CRC_TAIL.search(data[:first])
+    if tail is None:
+        return None
+    stored = int(tail.group(1))
+    crc = zlib.crc32(data[:first - len(tail.group(0))] + b"}}}")
+    return stored if zlib.crc32(data[first:-1], crc) == stored else None
 
 
 def entry_checksum(lines: list[dict[str, Any]]) -> int:
@@ -509,8 +512,9 @@ def decode_entry(version: int, data: bytes) -> Entry:
     """
     try:
         # Split on "\n" alone, as Delta readers do: splitlines() also splits on \v, \f, \x1c...
+        as_written = _as_written(data)
         try:
-            actions = _parse_lines(data)
+            actions = _parse_lines(data, as_written is not None)
         except ValueError:
             if not data.endswith(b"\n"):
                 raise ValueError("it does not end with a newline: it is truncated") from None
@@ -530,7 +534,8 @@ def decode_entry(version: int, data: bytes) -> Entry:
             raise ValueError("it does not end with a newline: it is truncated")
         info = infos[0]["lakestream"]
         stored = info.pop("crc32", None)
-        if not _written_here(data, stored) and stored != entry_checksum(actions):
+        if (stored != as_written if as_written is not None
+                else stored != entry_checksum(actions)):
             raise ValueError(f"checksum {stored!r} does not match the content "
                              f"({entry_checksum(actions)}): the entry is damaged")
         fmt = info.get("format")

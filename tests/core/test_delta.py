@@ -389,6 +389,12 @@ def test_an_entry_laid_out_by_another_writer_is_checked_line_by_line() -> None:
     first, rest = data.split(b"\n", 1)
     with pytest.raises(CorruptLogError, match="cannot be read"):
         decode_entry(1, first + b"," + rest)
+    # The same values with a line break moved into an object: not JSON lines, though the
+    # lines joined as one array would parse to the entry and its checksum.
+    moved = first + b"," + rest.replace(b',"partitionValues"', b'\n"partitionValues"', 1)
+    assert len(moved) == len(data)
+    with pytest.raises(CorruptLogError, match="cannot be read"):
+        decode_entry(1, moved)
 
 
 def test_an_old_entry_with_nan_state_still_decodes() -> None:
