@@ -201,10 +201,11 @@ def _growth_lines(g: dict[str, Any]) -> list[str]:
         "Earlier runs (0.83x; one stopped at 5,454 versions committing 3 versions/s) met a "
         "feedback loop that is gone since log entries are serialised once and parsed in one "
         "call: encoding an append and decoding the rivals' entries sit inside a commit's "
-        "race window, and with ~680-fragment entries they took 8.6 ms and 7.4 ms (now 1.1 "
-        "and 3.3 ms). Past ~10,000 versions the window reached 20-90 ms, DAC's interval "
-        "climbed to its 5 s cap, and commits came only when half a producer's in-flight "
-        "budget was ready: 3 versions/s. ", ""]
+        "race window, and a ~680-fragment entry took 8.0-12.5 ms to encode and 8.8-12.7 ms "
+        "to decode (now 1.0-1.9 and 3.3-5.7 ms; five runs of each beside the other, one "
+        "process, the machine's speed moving 1.5x between runs). Past ~10,000 versions the "
+        "window reached 20-90 ms, DAC's interval climbed to its 5 s cap, and commits came "
+        "only when half a producer's in-flight budget was ready: 3 versions/s.", ""]
     return out
 
 
