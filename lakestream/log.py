@@ -430,12 +430,13 @@ def encode_entry(entry: Entry) -> bytes:
     commit_info = {"commitInfo": {"timestamp": now, "operation": operation,
                                   "operationParameters": params, "lakestream": info}}
     lines += [_dump(a) for a in actions]
-    # Each action is serialised once: the checksum covers the commitInfo line without it,
-    # then the action lines as they are written (``entry_checksum`` of the same lines).
-    # allow_nan=False as a backstop: nothing but the state should hold a float.
-    body = "".join("\n" + line for line in lines)
-    info["crc32"] = zlib.crc32((_dump(commit_info) + body).encode())
-    return (_dump(commit_info) + body + "\n").encode()
+    # Each line is serialised once: the checksum covers the commitInfo line without it, then
+    # the action lines as they are written (``entry_checksum`` of the same lines), and goes
+    # in as the last key of ``lakestream``, the last object of the line: the tail that
+    # ``_as_written`` cuts. allow_nan=False as a backstop: only the state holds floats.
+    head, body = _dump(commit_info), "".join("\n" + line for line in lines)
+    crc = zlib.crc32((head + body).encode())
+    return (head[:-3] + f',"crc32":{crc}}}}}}}' + body + "\n").encode()
 
 
 def _parse_lines(data: bytes, as_written: bool) -> list[Any]:
@@ -447,6 +448,7 @@ def _parse_lines(data: bytes, as_written: bool) -> list[Any]:
         values = json.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
         if len(values) == data.count(b"\n"):  # a value a line
             return values
+    # Split on "\n" alone, as Delta readers do: splitlines() also splits on \v, \f, \x1c...
     return [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
 
 
@@ -511,7 +513,6 @@ def decode_entry(version: int, data: bytes) -> Entry:
             format version, or names an unsafe key; the message names the version.
     """
     try:
-        # Split on "\n" alone, as Delta readers do: splitlines() also splits on \v, \f, \x1c...
         as_written = _as_written(data)
         try:
             actions = _parse_lines(data, as_written is not None)
