@@ -106,6 +106,7 @@ class Committer(threading.Thread):
     def run(self) -> None:
         p = self._p
         wait_s, gap_s, contended = 0.0, 0.0, False
+        landed: float | None = None  # when our previous commit landed (monotonic)
         try:
             while True:
                 batch = self._take(wait_s, gap_s)
@@ -117,6 +118,8 @@ class Committer(threading.Thread):
                 result = p.stream.commit(self._build(batch), self._commit_options,
                                          catch_up=self._adaptive and (wait_s > 0 or contended))
                 if result is not None:
+                    now = time.monotonic()
+                    elapsed_s, landed = (0.0 if landed is None else now - landed), now
                     p.stats.add_commit(result.attempts, result.conflicts, len(batch),
                                        result.latency_s)
                     contended = result.conflicts > 0
@@ -125,7 +128,7 @@ class Committer(threading.Thread):
                         # The window, not the latency: catching up after a long wait takes
                         # long, and read as contention it would lengthen the next wait.
                         wait_s = self._controller.observe(
-                            result.window_s, contended, others, result.conflicts)
+                            result.window_s, contended, others, result.conflicts, elapsed_s)
                         gap_s = GAP_WINDOWS * result.window_s
                 p._on_committed(batch[-1].seq, batch[-1].state, batch)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call
