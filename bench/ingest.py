@@ -55,17 +55,20 @@ def _producer(uri: str, options: dict[str, str] | None, pid: str, policy: str, s
     n = 0
     s = p.stats
     at_start: dict[str, Any] | None = None
+    at_half: dict[str, Any] | None = None  # the window's second half: DAC settled
     while (now := time.time()) < start_at + duration:
         if at_start is None and now >= start_at:
             at_start = {"cpu_s": time.process_time(), "written": n,
                         **{k: getattr(s, k) for k in COUNTERS}}
+        if at_half is None and now >= start_at + duration / 2:
+            at_half = {k: getattr(s, k) for k in COUNTERS}
         p.write(frags[n % len(frags)])
         n += 1
     cpu_s = time.process_time()  # at the deadline, as the parent's count of samples
     counts = {k: getattr(s, k) for k in COUNTERS}
     latencies = s.latencies()
     p.abort()  # what is not committed by the deadline does not count
-    assert at_start is not None
+    assert at_start is not None and at_half is not None
     in_window = counts["commits"] - at_start["commits"]
     lat = sorted(latencies[-in_window:]) if in_window else [0.0]
     out.put({"producer": pid, "written": n - at_start["written"],
@@ -73,6 +76,8 @@ def _producer(uri: str, options: dict[str, str] | None, pid: str, policy: str, s
              "commits": in_window,
              "attempts": counts["attempts"] - at_start["attempts"],
              "conflicts": counts["conflicts"] - at_start["conflicts"],
+             "attempts_second_half": counts["attempts"] - at_half["attempts"],
+             "conflicts_second_half": counts["conflicts"] - at_half["conflicts"],
              "fragments": counts["fragments_committed"] - at_start["fragments_committed"],
              "cpu_s": cpu_s - at_start["cpu_s"], "commit_p50_s": lat[len(lat) // 2]})
 
@@ -110,6 +115,9 @@ def run(uri: str, options: dict[str, str] | None, producers: int, policy: str,
         "samples_per_s": samples / duration, "mb_per_s": mb / duration,
         "commits": commits, "attempts": attempts, "conflicts": conflicts,
         "conflict_ratio": conflicts / attempts if attempts else 0.0,
+        "conflict_ratio_second_half": sum(r["conflicts_second_half"] for r in results) / max(
+            1, sum(r["attempts_second_half"] for r in results)),
+        "commits_per_producer": sorted(r["commits"] for r in results),
         "fragments_per_commit": sum(r["fragments"] for r in results) / max(1, commits),
         # Encoded and put by the window's end but not committed in it: CPU spent without
         # committed bytes (the producers' in-flight budget filling up).
