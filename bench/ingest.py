@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -52,26 +53,32 @@ def _producer(uri: str, options: dict[str, str] | None, pid: str, policy: str, s
     p = Producer(uri, pid, storage_options=options,
                  options=ProducerOptions(commit_policy=policy))  # type: ignore[arg-type]
     time.sleep(max(0.0, start_at - WARMUP_S - time.time()))
-    n = 0
     s = p.stats
-    at_start: dict[str, Any] | None = None
-    at_half: dict[str, Any] | None = None  # the window's second half: DAC settled
-    while (now := time.time()) < start_at + duration:
-        if at_start is None and now >= start_at:
-            at_start = {"cpu_s": time.process_time(), "written": n,
-                        **{k: getattr(s, k) for k in COUNTERS}}
-        if at_half is None and now >= start_at + duration / 2:
-            at_half = {k: getattr(s, k) for k in COUNTERS}
-        p.write(frags[n % len(frags)])
-        n += 1
-    cpu_s = time.process_time()  # at the deadline, as the parent's count of samples
-    counts = {k: getattr(s, k) for k in COUNTERS}
-    latencies = s.latencies()
+    written = [0]
+    marks: dict[str, dict[str, Any]] = {}
+
+    def mark(name: str) -> None:
+        marks[name] = {"cpu_s": time.process_time(), "written": written[0],
+                       "latencies": s.latencies(), **{k: getattr(s, k) for k in COUNTERS}}
+
+    # The window's start, the start of its second half (DAC settled) and its end, taken on
+    # time by timers even while a write blocks for room in the in-flight budget.
+    timers = [threading.Timer(max(0.0, at - time.time()), mark, args=(name,))
+              for name, at in (("start", start_at), ("half", start_at + duration / 2),
+                               ("end", start_at + duration))]
+    for t in timers:
+        t.start()
+    while time.time() < start_at + duration:
+        p.write(frags[written[0] % len(frags)])
+        written[0] += 1
+    for t in timers:
+        t.join()
     p.abort()  # what is not committed by the deadline does not count
-    assert at_start is not None and at_half is not None
+    at_start, at_half, counts = marks["start"], marks["half"], marks["end"]
+    latencies = counts["latencies"]
     in_window = counts["commits"] - at_start["commits"]
     lat = sorted(latencies[-in_window:]) if in_window else [0.0]
-    out.put({"producer": pid, "written": n - at_start["written"],
+    out.put({"producer": pid, "written": counts["written"] - at_start["written"],
              "uploaded": counts["fragments_uploaded"] - at_start["fragments_uploaded"],
              "commits": in_window,
              "attempts": counts["attempts"] - at_start["attempts"],
@@ -79,7 +86,7 @@ def _producer(uri: str, options: dict[str, str] | None, pid: str, policy: str, s
              "attempts_second_half": counts["attempts"] - at_half["attempts"],
              "conflicts_second_half": counts["conflicts"] - at_half["conflicts"],
              "fragments": counts["fragments_committed"] - at_start["fragments_committed"],
-             "cpu_s": cpu_s - at_start["cpu_s"], "commit_p50_s": lat[len(lat) // 2]})
+             "cpu_s": counts["cpu_s"] - at_start["cpu_s"], "commit_p50_s": lat[len(lat) // 2]})
 
 
 def run(uri: str, options: dict[str, str] | None, producers: int, policy: str,
