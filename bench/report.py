@@ -104,8 +104,9 @@ def _ingest_section(ingest: dict[str, Any]) -> list[str]:
     if bound:
         ceiling = ingest["put_ceiling_per_s"]
         out += ["### Commit-bound: tiny fragments (16 samples of 16-48 tokens)", "",
-                f"Each run lasts {bound[0]['window_s']:.0f} s: long enough for DAC's interval "
-                "to settle (at 8 producers it grows for about 10 s).", "",
+                f"Each run lasts {bound[0]['window_s']:.0f} s after a 2 s warm-up. From a cold "
+                "start DAC needs a few hundred commit windows to settle: at 8 producers, whose "
+                "commit windows here are 50-100 ms, most of the run.", "",
                 "The server's conditional-PUT ceiling, small unique keys from one process: "
                 + ", ".join(f"{t} threads {v:.0f}/s" for t, v in ceiling.items()) + ".", "",
                 "Conflicts are counted over the whole window and over its second half, once "

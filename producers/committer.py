@@ -107,6 +107,7 @@ class Committer(threading.Thread):
         p = self._p
         wait_s, gap_s, contended = 0.0, 0.0, False
         landed: float | None = None  # when our previous commit landed (monotonic)
+        mine: int | None = None  # the version it landed at
         try:
             while True:
                 batch = self._take(wait_s, gap_s)
@@ -123,7 +124,10 @@ class Committer(threading.Thread):
                     p.stats.add_commit(result.attempts, result.conflicts, len(batch),
                                        result.latency_s)
                     contended = result.conflicts > 0
-                    others = result.version - before - 1
+                    # Rival entries since our previous commit, counted from its version:
+                    # the writer's own refreshes move the stream's version in between.
+                    others = result.version - (before if mine is None else mine) - 1
+                    mine = result.version
                     if self._adaptive:
                         # The window, not the latency: catching up after a long wait takes
                         # long, and read as contention it would lengthen the next wait.

@@ -13,27 +13,34 @@ class IntervalController:
     1/increase), and the first loss sets it to at least the commit window (a wait shorter
     than the window a rival needs cannot avoid the next race). Between losses the rate
     grows additively *in time*: each commit adds ``gain · elapsed / w²``, where elapsed is
-    the time since this producer's previous commit landed and w its commit window. Growth
-    per second rather than per commit is what shares the log fairly: with growth per
-    commit, the producer that commits most often also speeds up most often, and the one
-    ahead stays ahead. With n producers a commit loses a race with probability about
-    p = (n-1)·w·r, so the rate settles where the growth gain/w² meets the loss r·p·r/2,
-    at r·w ≈ (2·gain/(n-1))^(1/3) whatever the store's latency: with the default 3e-5,
-    every ~50 windows at 8 producers, conflicts near 12% in simulation. The time to settle
-    is a few hundred windows, so seconds on a store whose window is tens of milliseconds.
+    the time since this producer's previous commit landed, counted up to twice the interval
+    and the window (a producer back from an idle hour has not tested the rate since), and w
+    the commit window smoothed over commits (one short window, squared, would multiply
+    one commit's growth). Growth per second
+    rather than per commit is what shares the log fairly: with growth per commit, the
+    producer that commits most often also speeds up most often, and the one ahead stays
+    ahead. With n producers a commit loses a race with probability about p = (n-1)·w·r,
+    and each loss divides the rate by ``increase``, so the rate settles where the growth
+    gain/w² meets the loss r·p·r·(1 - 1/increase), at
+    r·w ≈ (gain/((n-1)·(1 - 1/increase)))^(1/3) whatever the store's latency. With the
+    defaults at 8 producers: ~50 windows between a producer's commits, p ≈ 14% by the
+    model, 7-16% in simulation; p grows as (n-1)^(2/3). ``max_s`` must be above that
+    interval or it binds and more races are lost. From a cold start the rate takes a few
+    hundred windows to settle: seconds on a store whose window is tens of milliseconds.
 
     ``latency_floor_s`` stands for what a commit's own latency does not show: on a busy
     host the window between reading the head and the put landing includes time spent
     descheduled. Low load is detected directly: once no other producer's entry has
-    preceded ours for ``quiet_windows`` commit windows of commits in a row, each further
-    such commit divides the interval by ``increase``, and below ``conflict_floor_s`` it drops
-    to ``min_s`` (commit at once). Quiet is counted in windows, above the ~50 windows
-    between a rival's commits at the settled rate, so that rivals pacing themselves are not
-    mistaken for no rivals: counted per commit, or in a fixed second, it let the producer
-    that commits most often halve its interval while the others' stayed long. Halving, not
-    resetting: a reset threw away what the conflicts had taught (the next round went out at
-    once and lost again). Jitter keeps producers out of lockstep. No clock and no I/O:
-    ``observe`` is a function of its inputs and the random stream.
+    preceded ours for ``quiet_windows`` commit windows of commits in a row, each such
+    commit from the one that reaches it divides the interval by ``increase``, and below
+    ``conflict_floor_s`` it drops to ``min_s`` (commit at once). Quiet is counted in
+    windows, above the ~50 windows between a rival's commits at the settled rate, so that
+    rivals pacing themselves are not mistaken for no rivals: counted per commit, or in a
+    fixed second, it let the producer that commits most often halve its interval while the
+    others' stayed long. Halving, not resetting: a reset threw away what the conflicts had
+    taught (the next round went out at once and lost again). Jitter keeps producers out of
+    lockstep. No clock and no I/O: ``observe`` is a function of its inputs and the random
+    stream.
     """
 
     def __init__(self, *, min_s: float = 0.0, max_s: float = 5.0, increase: float = 2.0,
@@ -50,6 +57,7 @@ class IntervalController:
         self.latency_floor_s = latency_floor_s
         self.interval = min_s
         self._quiet = 0.0  # seconds of commits that no rival entry preceded, in a row
+        self._window: float | None = None
         self._rng = rng or random.Random()
 
     def observe(self, latency_s: float, conflicted: bool, others: int = 1,
@@ -64,16 +72,25 @@ class IntervalController:
             elapsed_s: time since our previous commit landed (0 for the first).
         """
         self._quiet = self._quiet + elapsed_s if others == 0 and not conflicted else 0.0
-        w = max(latency_s, self.latency_floor_s)
+        # Growth and quiet go by the window smoothed over commits: one short window, squared,
+        # would multiply one commit's growth.
+        window = max(latency_s, self.latency_floor_s)
+        self._window = window if self._window is None else 0.7 * self._window + 0.3 * window
+        w = self._window
         if conflicted:
             grown = self.interval * self.increase ** max(1, conflicts)
             floor = max(self.conflict_floor_s, latency_s)
             self.interval = min(self.max_s, max(grown, floor))
         elif others == 0 and self._quiet >= self.quiet_windows * w:
             halved = self.interval / self.increase
-            self.interval = self.min_s if halved < self.conflict_floor_s else halved
+            self.interval = self.min_s if halved < self.conflict_floor_s else max(
+                self.min_s, halved)
         elif self.interval > 0:
-            rate = 1.0 / self.interval + self.gain * elapsed_s / (w * w)
+            # Time the next commit was due counts (the interval, jittered, and the commit),
+            # time the writer had nothing to commit does not: back from an idle hour, it
+            # has not tested the rate since.
+            due = min(elapsed_s, 2 * (self.interval + w))
+            rate = 1.0 / self.interval + self.gain * due / (w * w)
             self.interval = max(self.min_s, 1.0 / rate)
         if self.interval <= 0:
             return 0.0

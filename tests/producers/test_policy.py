@@ -25,8 +25,9 @@ def test_low_load_commits_at_once() -> None:
     assert c.interval == pytest.approx(0.01)
     # Alone again: once no other producer's entry has preceded ours for 100 windows (1 s)
     # of commits, each such commit halves the wait, and below the conflict floor there is none.
-    waits = [c.observe(0.01, conflicted=False, others=0, elapsed_s=0.5) for _ in range(5)]
-    first = 1 / (1 / 0.01 + 1e-5 * 0.5 / 0.01 ** 2)  # half a second quiet: growth only
+    waits = [c.observe(0.01, conflicted=False, others=0, elapsed_s=0.6) for _ in range(5)]
+    due = 2 * (0.01 + 0.01)  # time counts up to twice the interval and the window
+    first = 1 / (1 / 0.01 + 1e-5 * due / 0.01 ** 2)  # 0.6 s quiet: growth only
     assert waits == pytest.approx([first, first / 2, first / 4, 0.0, 0.0])
 
 
@@ -40,24 +41,25 @@ def test_quiet_commits_in_quick_succession_do_not_undo_what_conflicts_taught() -
     for _ in range(8):
         c.observe(0.01, conflicted=True)
     learned = c.interval
-    waits = [c.observe(0.01, conflicted=False, others=0, elapsed_s=0.02) for _ in range(20)]
-    assert min(waits) == pytest.approx(learned, rel=0.1)
-    assert c.observe(0.01, conflicted=False, others=0, elapsed_s=0.6) == pytest.approx(
-        c.interval) and c.interval < learned / 1.5  # past a second of quiet: halved
+    waits = [c.observe(0.01, conflicted=False, others=0, elapsed_s=0.02) for _ in range(40)]
+    assert min(waits) == pytest.approx(learned, rel=0.15)  # 0.8 s of quiet: not yet
+    before = c.interval
+    c.observe(0.01, conflicted=False, others=0, elapsed_s=0.3)  # 1.1 s: halved
+    assert c.interval == pytest.approx(before / 2)
 
 
 def test_the_rate_grows_with_time_not_with_the_number_of_commits() -> None:
     """Two producers that learned the same interval, one committing ten times as often,
     are equally fast after the same time: growth per commit favoured the one ahead."""
-    often, seldom = _controller(max_s=10.0, gain=1e-3), _controller(max_s=10.0, gain=1e-3)
+    often, seldom = _controller(max_s=10.0, gain=1e-4), _controller(max_s=10.0, gain=1e-4)
     for c in (often, seldom):
         for _ in range(6):
             c.observe(0.01, conflicted=True)
     for _ in range(10):
-        often.observe(0.01, conflicted=False, others=2, elapsed_s=0.1)
-    seldom.observe(0.01, conflicted=False, others=2, elapsed_s=1.0)
+        often.observe(0.01, conflicted=False, others=2, elapsed_s=0.04)
+    seldom.observe(0.01, conflicted=False, others=2, elapsed_s=0.4)
     assert often.interval == pytest.approx(seldom.interval)
-    assert often.interval < 0.32 / 2  # and both did grow
+    assert often.interval < 0.32 * 0.9  # and both did grow
 
 
 def test_conflicts_grow_the_interval_multiplicatively_up_to_the_cap() -> None:
@@ -77,14 +79,25 @@ def test_each_lost_race_counts_and_the_first_wait_is_a_window() -> None:
 
 
 def test_successes_shrink_it_additively_in_rate() -> None:
-    c = _controller(gain=0.01)
+    c = _controller(gain=1e-4)
     for _ in range(6):
         c.observe(0.01, conflicted=True)
     before = c.interval
     after = c.observe(0.01, conflicted=False, others=3, elapsed_s=0.5)
     rate_before, rate_after = 1 / before, 1 / after
-    assert rate_after - rate_before == pytest.approx(0.01 * 0.5 / 0.01 ** 2)  # gain·t/w²
-    assert c.interval >= c.min_s
+    assert rate_after - rate_before == pytest.approx(1e-4 * 0.5 / 0.01 ** 2)  # gain·t/w²
+    # Back after an hour away, the time counts only up to twice the interval and the
+    # window: the producer had not tested the rate since. And one commit with a tiny window
+    # counts through the window smoothed over commits, not squared alone.
+    twin = _controller(gain=1e-4)
+    for _ in range(6):
+        twin.observe(0.01, conflicted=True)
+    twin.observe(0.01, conflicted=False, others=3, elapsed_s=0.5)
+    idle = c.observe(0.01, conflicted=False, others=3, elapsed_s=3600.0)
+    assert idle == pytest.approx(twin.observe(0.01, conflicted=False, others=3,
+                                              elapsed_s=2 * (after + 0.01)))
+    grown = 1 / c.observe(1e-6, conflicted=False, others=3, elapsed_s=0.1) - 1 / idle
+    assert 1e-4 * 0.1 / 0.01 ** 2 < grown < 2 * 1e-4 * 0.1 / 0.01 ** 2
 
 
 @dataclass
@@ -210,7 +223,7 @@ def test_alone_a_producer_never_conflicts() -> None:
 def test_the_conflict_ratio_settles_low_whatever_the_latency(latency: float) -> None:
     """Where the controller paces commits: writers always have fragments and the in-flight
     budget never half fills. With 8 producers its fixed point is about 50 commit windows
-    between commits (seeds 1-5: conflicts 7-15% in the second half), so the cap must allow
+    between commits (seeds 1-5: conflicts 7-16% in the second half), so the cap must allow
     that: the default 5 s is 50 windows at 100 ms and binds there. The gap, a few windows,
     hardly matters here; the tests below are the ones that need it."""
     run = _simulate(8, latency, write_every=latency / 20, inflight=1 << 40, max_s=60.0)
@@ -224,7 +237,7 @@ def test_producers_sharing_the_log_commit_about_equally_often(producers: int) ->
     commit and every quiet commit halved the interval, one producer wrote 2,993 of 3,152
     versions among 3 (2,939 of 3,282 among 8), and the others waited seconds between
     commits. Now (seeds 1-7) the least committing producer makes at least 59% as many
-    commits as the most among 3, and 54% as many among 8."""
+    commits as the most among 3, and 58% as many among 8."""
     run = _simulate(producers, 0.002, write_every=0.01, windows=15_000)
     commits = [run.versions.count(k) for k in range(producers)]
     assert min(commits) >= 0.4 * max(commits), commits

@@ -241,6 +241,43 @@ def test_group_commit_batches_under_a_slow_store(tmp_path) -> None:
     assert _all_ids(s) == list(range(160))
 
 
+def test_the_committer_tells_dac_the_time_and_the_rival_entries_since_its_last_commit(
+        tmp_path, monkeypatch) -> None:
+    """DAC's growth is per second since the producer's previous commit landed, and its
+    quiet test counts rival entries since that commit. Regression: rival entries were
+    counted from the stream's version just before the commit, which the writer's own
+    refreshes move forward (the lag admission does), so rivals read as none."""
+    from lakestream.producers import committer
+
+    seen: dict[int, list[tuple[int, float]]] = {}  # per controller, so per producer
+
+    class Recording(committer.IntervalController):
+        def observe(self, latency_s: float, conflicted: bool, others: int = 1,
+                    conflicts: int = 1, elapsed_s: float = 0.0) -> float:
+            seen.setdefault(id(self), []).append((others, elapsed_s))
+            return super().observe(latency_s, conflicted, others, conflicts, elapsed_s)
+
+    monkeypatch.setattr(committer, "IntervalController", Recording)
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    p = Producer(uri, "a")
+    p.write(rows(0, 4))
+    p.flush()
+    first = lakestream.open(uri).version
+    with Producer(uri, "b") as q:
+        for i in (1, 2):
+            q.write(rows(4 * i, 4))
+            q.flush()
+    p.stream.refresh()  # as the writer's lag admission does
+    time.sleep(0.2)
+    p.write(rows(12, 4))
+    p.close()
+    mine = next(iter(seen.values()))  # p's commits: p committed first
+    assert len(mine) == 2 and mine[0][1] == 0.0
+    assert mine[1][0] == lakestream.open(uri).version - first - 1 >= 2
+    assert mine[1][1] >= 0.2
+
+
 def test_per_fragment_uploads_wait_for_the_commits_they_feed(tmp_path) -> None:
     """One fragment per commit: uploads run at most a round of the pool ahead of commits,
     not the whole in-flight budget (which took the CPU the commits needed)."""
