@@ -36,7 +36,7 @@ def test_quiet_commits_in_quick_succession_do_not_undo_what_conflicts_taught() -
     # to zero (among 8 producers that came every few commits, and the next round went out
     # at once and lost again); then each such commit halved it, which let the producer
     # that commits most often shrink its interval fastest and keep the log to itself
-    # (3 producers on SeaweedFS: 149, 17 and 15 commits in 10 s).
+    # (3 producers on SeaweedFS: 149, 17 and 15 commits in 30 s).
     c = _controller(max_s=10.0, gain=1e-5, quiet_windows=100)
     for _ in range(8):
         c.observe(0.01, conflicted=True)
