@@ -114,10 +114,11 @@ class Committer(threading.Thread):
                 if batch is None:
                     return
                 # After a wait or a lost race the head has likely moved: read it first
-                # rather than pay for a put that fails. At low load, commit at once.
-                before = p.stream.version
-                result = p.stream.commit(self._build(batch), self._commit_options,
-                                         catch_up=self._adaptive and (wait_s > 0 or contended))
+                # rather than pay for a put that fails. At low load, commit at once. Before
+                # the first commit the view may be as old as the producer.
+                result = p.stream.commit(
+                    self._build(batch), self._commit_options,
+                    catch_up=self._adaptive and (wait_s > 0 or contended or mine is None))
                 if result is not None:
                     now = time.monotonic()
                     elapsed_s, landed = (0.0 if landed is None else now - landed), now
@@ -125,8 +126,9 @@ class Committer(threading.Thread):
                                        result.latency_s)
                     contended = result.conflicts > 0
                     # Rival entries since our previous commit, counted from its version:
-                    # the writer's own refreshes move the stream's version in between.
-                    others = result.version - (before if mine is None else mine) - 1
+                    # the writer's own refreshes move the stream's version in between. For
+                    # the first, the races it lost: entries from before it wrote were none.
+                    others = result.conflicts if mine is None else result.version - mine - 1
                     mine = result.version
                     if self._adaptive:
                         # The window, not the latency: catching up after a long wait takes

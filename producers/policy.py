@@ -11,7 +11,8 @@ class IntervalController:
     It runs AIMD on the producer's commit rate r = 1/interval, the way TCP runs it on a
     window: each race a commit lost multiplies the interval by ``increase`` (rate ×
     1/increase), and a loss sets it to at least the interval the rate settles at (below)
-    for as many rivals as entries preceded ours. Between losses the rate
+    for as many rivals as entries preceded ours (at the rate they came while the producer
+    was busy, not over an idle stretch). Between losses the rate
     grows additively *in time*: each commit adds ``gain · elapsed / w²``, where elapsed is
     the time since this producer's previous commit landed, counted up to twice the interval
     and the window (a producer back from an idle hour has not tested the rate since), and w
@@ -24,7 +25,7 @@ class IntervalController:
     gain/w² meets the loss r·p·r·(1 - 1/increase), at
     r·w ≈ (gain/((n-1)·(1 - 1/increase)))^(1/3) whatever the store's latency. With the
     defaults at 8 producers: ~50 windows between a producer's commits, p ≈ 14% by the
-    model, 7-16% in simulation; p grows as (n-1)^(2/3). ``max_s`` must be above that
+    model, 6-14% in simulation; p grows as (n-1)^(2/3). ``max_s`` must be above that
     interval or it binds and more races are lost. Producers starting together all begin
     at no wait; doubling up from one window, each took a few rounds of lost races to
     space out (on SeaweedFS, 8 producers lost 35-51 races in their first 4 s, 21-31% of
@@ -79,29 +80,32 @@ class IntervalController:
         window = max(latency_s, self.latency_floor_s)
         self._window = window if self._window is None else 0.7 * self._window + 0.3 * window
         w = self._window
-        # Time the next commit was due counts (the interval, jittered, and the commit),
-        # time the writer had nothing to commit does not: back from an idle hour, it has
-        # not tested the rate since, and the rivals' entries of that hour are not a race.
-        due = min(elapsed_s, 2 * (self.interval + w))
         if conflicted:
+            # Rival entries count at the rate they came while this producer was busy (its
+            # wait, the committer's gap, the commit's rounds of three requests per lost
+            # race; twice that, for the jitter and backoffs), not over an idle hour.
+            busy = 2 * (self.interval + (2 + 3 * conflicts) * w)
+            rivals = others * min(1.0, busy / elapsed_s) if elapsed_s > 0 else others
             grown = self.interval * self.increase ** max(1, conflicts)
-            floor = max(self.conflict_floor_s, latency_s, self._settled(w, others, due, elapsed_s))
+            floor = max(self.conflict_floor_s, latency_s, self._settled(w, rivals))
             self.interval = min(self.max_s, max(grown, floor))
         elif others == 0 and self._quiet >= self.quiet_windows * w:
             halved = self.interval / self.increase
             self.interval = self.min_s if halved < self.conflict_floor_s else max(
                 self.min_s, halved)
         elif self.interval > 0:
+            # Time the next commit was due counts (the interval, jittered, and the commit),
+            # time the writer had nothing to commit does not: back from an idle hour, it
+            # has not tested the rate since.
+            due = min(elapsed_s, 2 * (self.interval + w))
             rate = 1.0 / self.interval + self.gain * due / (w * w)
             self.interval = max(self.min_s, 1.0 / rate)
         if self.interval <= 0:
             return 0.0
         return self.interval * (1 + self.jitter * self._rng.uniform(-1, 1))
 
-    def _settled(self, w: float, others: int, due: float, elapsed_s: float) -> float:
-        """The interval the rate settles at (see the class docstring) with as many rivals
-        as entries preceded ours while we were due: where a lost race sends the interval at
-        once, instead of doubling up to it from one window over a few rounds of lost races
-        per producer, which from a cold start cost most of a 20 s run's conflicts."""
-        rivals = others if elapsed_s <= due else others * due / elapsed_s
+    def _settled(self, w: float, rivals: float) -> float:
+        """The interval the rate settles at (see the class docstring) with ``rivals`` other
+        producers: where a lost race sends the interval at once, instead of doubling up to
+        it from one window over a few rounds of lost races per producer."""
         return w * (rivals * (1 - 1 / self.increase) / self.gain) ** (1 / 3)
