@@ -112,9 +112,13 @@ def test_max_staleness_holds_exactly_with_producers_racing_ahead_of_a_slow_train
         tmp_path, on_stale: str) -> None:
     """Three producers stamp each group with the trainer's published policy version and
     write as fast as they can, with no admission bound; the trainer is slow. The read-time
-    policy alone keeps what is trained within ``max_staleness``."""
+    policy alone keeps what is trained within ``max_staleness``. The producers write until
+    the trainer is done (within bounds): with a fixed 2,000 groups each, a trainer slowed
+    by dropping hundreds of stale samples a step could find them all written and stale
+    before its last step (step 22 of 25, once, on a loaded machine)."""
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B, group_size=G)
     k, steps = 2, 25
+    deadline = time.monotonic() + 120
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -122,7 +126,7 @@ def test_max_staleness_holds_exactly_with_producers_racing_ahead_of_a_slow_train
         try:
             with Producer(s.uri, f"rollout-{i}") as p:
                 n = 0
-                while not stop.is_set() and n < 2000:
+                while not stop.is_set() and n < 50_000 and time.monotonic() < deadline:
                     progress = read_progress(p.stream.store, "train")
                     version = progress.policy_version or 0 if progress else 0
                     p.write(group(1_000_000 * i + G * n, version))
