@@ -321,8 +321,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--producers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--commit-bound-duration", type=float, default=20.0,
-                        help="DAC settles in a few hundred commit windows: at 8 producers "
-                             "on SeaweedFS here, 50-100 ms each, most of the run")
+                        help="the producers start together: the seconds before DAC has "
+                             "spaced them out count in it")
     parser.add_argument("--commit-bound-producers", type=int, nargs="+",
                         default=[1, 2, 4, 8, 16])
     parser.add_argument("--growth-versions", type=int, default=20_000)
