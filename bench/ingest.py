@@ -24,6 +24,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import threading
@@ -301,6 +302,8 @@ def scaling(root: str, server: Any, stores: list[str], producers: list[int], rep
                     uri = f"{root}/{name}" if store == "local" else f"s3://bench/{name}"
                     opts = None if store == "local" else server.options()
                     r = run(uri, opts, n, policy, duration, tiny=tiny)
+                    if store == "local":
+                        shutil.rmtree(uri, ignore_errors=True)  # ~1 GB a run, not needed again
                     r["store"] = store
                     runs.setdefault((store, n, policy), []).append(r)
                     print(f"{label} rep {rep} {store:5} {n:2} producers {policy:12} "
@@ -350,7 +353,8 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.s3server import start_s3
 
-    server = start_s3("bench")
+    # Everything written is committed and kept, ~30 GB in all: past the suite's 25 GB.
+    server = start_s3("bench", volumes=400)
     machine = {"cpus": os.cpu_count(), "python": platform.python_version(),
                "platform": platform.platform(), "s3": "SeaweedFS 4.48 on 127.0.0.1"}
     result: dict[str, Any] = {"machine": machine,

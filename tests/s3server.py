@@ -134,8 +134,11 @@ def _config(identities: list[Identity]) -> dict[str, object]:
 
 
 def start_s3(bucket: str = BUCKET, identities: list[Identity] | None = None,
-             timeout_s: float = 60.0) -> SeaweedS3:
+             timeout_s: float = 60.0, volumes: int = 100) -> SeaweedS3:
     """Starts SeaweedFS on 127.0.0.1 with ``bucket`` created; returns when S3 answers.
+
+    It holds ``volumes`` volumes of 256 MB (written as they fill, not preallocated): past
+    that, every write fails with InternalError ("No writable volumes").
 
     Raises:
         RuntimeError: it did not come up within ``timeout_s`` (its log is in the message).
@@ -148,7 +151,7 @@ def start_s3(bucket: str = BUCKET, identities: list[Identity] | None = None,
     log_path = str(Path(folder, "weed.log"))
     cmd = [_weed(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={folder}/data",
            f"-master.port={master}", "-master.volumeSizeLimitMB=256",
-           f"-volume.port={volume}", "-volume.max=100", "-filer", f"-filer.port={filer}",
+           f"-volume.port={volume}", f"-volume.max={volumes}", "-filer", f"-filer.port={filer}",
            "-s3", f"-s3.port={s3}", f"-s3.config={folder}/s3.json",
            "-s3.port.iceberg=0", "-s3.port.lance=0"]
     with open(log_path, "wb") as log:
