@@ -74,21 +74,18 @@ def _ingest_section(ingest: dict[str, Any]) -> list[str]:
     out += ["", "adaptive / per-fragment samples/s: " + ", ".join(
         f"{k} {_ratio(v)}" for k, v in ratios.items()) + ".", ""]
 
-    def cpu(store: str, n: int, policy: str) -> float:
-        return float(next(x["producer_cpu_s_per_gb"] for x in rows if x["store"] == store
-                          and x["producers"] == n and x["policy"] == policy))
+    def row(store: str, n: int, policy: str = "adaptive") -> dict[str, Any]:
+        return next(x for x in rows if x["store"] == store and x["producers"] == n
+                    and x["policy"] == policy)
 
     def each(store: str, n: int, key: str) -> list[float]:
-        return [float(r[key]) for r in next(
-            x["reps"] for x in rows if x["store"] == store and x["producers"] == n
-            and x["policy"] == "adaptive")]
+        return [float(r[key]) for r in row(store, n)["reps"]]
 
     counts = sorted({x["producers"] for x in rows})
-    whole_run = "producer_cpu_s_per_gb_all" in rows[0]
-    for key, what in (("producer_cpu_s_per_gb_all", "over the whole run"),
-                      ("producer_cpu_s_per_gb", "in the window")):
-        if key == "producer_cpu_s_per_gb_all" and not whole_run:
-            continue
+    measures = [(key, what) for key, what in (
+        ("producer_cpu_s_per_gb_all", "over the whole run"),
+        ("producer_cpu_s_per_gb", "in the window")) if key in rows[0]]
+    for key, what in measures:  # the window's last: the prose below is about it
         # Repetition r of S3 over repetition r of local: they ran side by side.
         per_rep = {n: [a / b for a, b in zip(each("s3", n, key), each("local", n, key),
                                              strict=True)] for n in counts}
@@ -99,7 +96,7 @@ def _ingest_section(ingest: dict[str, Any]) -> list[str]:
                             for n, v in per_rep.items())
                 + f"; target <= 1.3x: {_target(all(v <= 1.3 for v in over.values()))}."]
     if 8 in counts:
-        pf = cpu("s3", 8, "per-fragment")
+        pf = float(row("s3", 8, "per-fragment")["producer_cpu_s_per_gb"])
         out += [f"Per-fragment commits at 8 producers on S3: {pf:.1f} CPU-s/GB; target <= 50: "
                 f"{_target(pf <= 50)}."]
     out += ["", "Producer CPU counts every producer process (all its threads, the S3 client's "
@@ -111,8 +108,7 @@ def _ingest_section(ingest: dict[str, Any]) -> list[str]:
             "writes (S3 at 8 producers, where about half of what was written in the window "
             "was not yet uploaded at its end).", ""]
     if any(v > 1.3 for v in over.values()):
-        s3_8 = next(x for x in rows if x["store"] == "s3" and x["producers"] == 8
-                    and x["policy"] == "adaptive")
+        s3_8 = row("s3", 8)
         out += ["Why S3 costs more at 8 producers: the server runs on the same 2 cores, so "
                 "every commit window is longer and producers lose more races "
                 f"({100 * s3_8['conflict_ratio']:.0f}% of attempts at 8 producers); each "
