@@ -21,6 +21,10 @@ from lakestream.store.base import ObjectStore
 
 ROW_GROUP_TARGET_BYTES = 1 << 20
 """Row groups of about 1 MiB (decoded) let a rank slice read little of a large fragment."""
+ENCODE_SLACK_BYTES, COLUMN_SLACK_BYTES = 64 << 10, 1 << 10
+"""Room past an eighth over a table's Arrow size that its encoding is given, and more per
+column (levels, page headers, the footer): a file that does not fit is encoded again into a
+buffer that grows."""
 WHOLE_FILE_BYTES = 8 << 20
 """Fragments up to this size are read whole, in one GET, and checked against their CRC-32;
 larger ones are read by row group, their pages checked by Parquet's page checksums."""
@@ -71,22 +75,29 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
     rows = max(group_size, (ROW_GROUP_TARGET_BYTES // per_row) // group_size * group_size)
     scalar = [f.name for f in table.schema if not _is_nested(f.type)]
     checksums = nbytes > WHOLE_FILE_BYTES // 2
+    level = compression_level if compression != "none" else None
+    room = nbytes + nbytes // 8 + ENCODE_SLACK_BYTES + COLUMN_SLACK_BYTES * table.num_columns
     while True:
-        sink = pa.BufferOutputStream()
-        pq.write_table(
-            table,
-            sink,
-            row_group_size=rows,
-            compression=compression,
-            compression_level=compression_level if compression != "none" else None,
-            use_dictionary=scalar,
-            write_statistics=scalar,
-            write_page_checksum=checksums,
-        )
-        body = memoryview(sink.getvalue()).cast("B")
+        body = _write_parquet(table, room, row_group_size=rows, compression=compression,
+                              compression_level=level, use_dictionary=scalar,
+                              write_statistics=scalar, write_page_checksum=checksums)
         if checksums or len(body) <= WHOLE_FILE_BYTES:
             return body
         checksums = True
+
+
+def _write_parquet(table: pa.Table, capacity: int, **options: Any) -> memoryview:
+    """``pq.write_table`` into a buffer of ``capacity`` bytes allocated once; into one that
+    grows (by doubling, each time copying what it holds) only if the file is larger."""
+    buffer = pa.allocate_buffer(capacity)
+    sink = pa.FixedSizeBufferWriter(buffer)
+    try:
+        pq.write_table(table, sink, **options)
+    except OSError:  # past the end of the buffer: the only I/O error of a memory sink
+        grown = pa.BufferOutputStream()
+        pq.write_table(table, grown, **options)
+        return memoryview(grown.getvalue()).cast("B")
+    return memoryview(buffer.slice(0, sink.tell())).cast("B")
 
 
 class FragmentCache:

@@ -137,3 +137,27 @@ def test_a_shuffled_mix_decodes_each_fragment_once_an_epoch_when_windows_straddl
             seen += mix.read(step, 0, 1).column("id").to_pylist()
         assert len(decoded[-1]) == len(set(decoded[-1])), f"epoch {epoch}: {decoded[-1]}"
     assert sorted(seen) == sorted(list(range(40)) * 3)
+
+
+def test_a_fragment_is_encoded_once_into_room_sized_from_its_table(monkeypatch) -> None:
+    """The encoder writes into one buffer sized from the table; a file that outgrows it (here
+    a small table given no room past an eighth over its size, where the footer alone is
+    larger) is encoded again into one that grows, and comes out the same."""
+    calls: list[int] = []
+    real = pq.write_table
+
+    def counted(*args, **kwargs) -> None:
+        calls.append(1)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(fragment.pq, "write_table", counted)
+    table = _table(64, 256)
+    body = bytes(encode_fragment(table, 4, compression="none"))
+    assert len(calls) == 1 and pq.read_table(pa.BufferReader(body)).equals(table)
+    monkeypatch.setattr(fragment, "ENCODE_SLACK_BYTES", 0)
+    monkeypatch.setattr(fragment, "COLUMN_SLACK_BYTES", 0)
+    small = _table(4, 2)
+    calls.clear()
+    tight = bytes(encode_fragment(small, 4, compression="none"))
+    assert len(calls) == 2 and len(tight) > small.nbytes * 2
+    assert pq.read_table(pa.BufferReader(tight)).equals(small)
