@@ -41,7 +41,9 @@ class Committer(threading.Thread):
     Adaptive policy: each commit carries every contiguous fragment uploaded since the last,
     and the wait between commits comes from an ``IntervalController`` fed with this
     producer's own conflicts and commit windows, cut short once half the writer's in-flight
-    budget is uploaded — but never shorter than ``GAP_WINDOWS`` commit windows. That gap is
+    budget is uploaded — but never shorter than ``GAP_WINDOWS`` commit windows, nor than
+    ``min_interval_s`` (a commit's own CPU, ~0.5-1 ms on a local disk, taken up to several
+    hundred times a second by one fast producer, came out of the encoding's). That gap is
     what keeps one producer from capturing the log: a rival that lost a race learns of it
     only when its put returns and needs a read before it can retry, so a producer that put
     again the moment its own commit landed would win every race, see no rival commit
@@ -58,7 +60,8 @@ class Committer(threading.Thread):
         self._batch_limit = o.max_fragments_per_commit if self._adaptive else 1
         self._commit_options = o.commit if self._adaptive else dataclasses.replace(
             o.commit, backoff_base_s=0.01, backoff_cap_s=0.01)
-        self._controller = IntervalController(min_s=o.min_interval_s, max_s=o.max_interval_s)
+        self._controller = IntervalController(max_s=o.max_interval_s)
+        self._min_gap_s = o.min_interval_s
         # Commit before the interval is over once half of what the writer may have in
         # flight is uploaded: past that, waiting only blocks the writer.
         self._full_fragments = max(1, o.max_inflight_fragments // 2)
@@ -71,9 +74,18 @@ class Committer(threading.Thread):
 
     def ready(self, fragment: Uploaded) -> None:
         with self._cond:
+            was_full = self._full()
             self._ready[fragment.seq] = fragment
             self._ready_bytes += fragment.nbytes
-            self._cond.notify_all()
+            # Wake the committer only when it can act: the next seq is here, or half the
+            # budget now is. Woken for every upload, it took a thread switch per fragment
+            # to go back to sleep.
+            if fragment.seq == self._next or (self._full() and not was_full):
+                self._cond.notify_all()
+
+    def _full(self) -> bool:
+        return len(self._ready) >= self._full_fragments or \
+            self._ready_bytes >= self._full_bytes
 
     def stop(self) -> None:
         with self._cond:
@@ -88,8 +100,7 @@ class Committer(threading.Thread):
         with self._cond:
             while not self._stopping:
                 now = time.monotonic()
-                full = len(self._ready) >= self._full_fragments or \
-                    self._ready_bytes >= self._full_bytes
+                full = self._full()
                 if self._next in self._ready and (now >= deadline or (full and now >= earliest)):
                     break
                 left = (earliest if full else deadline) - now
@@ -135,7 +146,7 @@ class Committer(threading.Thread):
                         # long, and read as contention it would lengthen the next wait.
                         wait_s = self._controller.observe(
                             result.window_s, contended, others, result.conflicts, elapsed_s)
-                        gap_s = GAP_WINDOWS * result.window_s
+                        gap_s = max(GAP_WINDOWS * result.window_s, self._min_gap_s)
                 p._on_committed(batch[-1].seq, batch[-1].state, batch)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call
             p._fail(e)

@@ -29,7 +29,10 @@ class ProducerOptions:
     compression: str = "zstd"
     """``zstd`` (level ``compression_level``) or ``none`` (the fast path: no compression)."""
     compression_level: int = 1
-    min_interval_s: float = 0.0
+    min_interval_s: float = 0.01
+    """The least time from one commit landing to the next starting: a producer writing flat
+    out commits at most this often and carries more fragments in each (a commit costs CPU
+    the encoding would use). A write after a quiet spell still commits at once."""
     max_interval_s: float = 5.0
     max_fragments_per_commit: int = 10_000
     progress_poll_s: float = 0.05

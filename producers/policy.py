@@ -36,7 +36,7 @@ class IntervalController:
     descheduled. Low load is detected directly: once no other producer's entry has
     preceded ours for ``quiet_windows`` commit windows of commits in a row, each such
     commit from the one that reaches it divides the interval by ``increase``, and below
-    ``conflict_floor_s`` it drops to ``min_s`` (commit at once). Quiet is counted in
+    ``conflict_floor_s`` it drops to 0 (commit at once). Quiet is counted in
     windows, above the ~50 windows between a rival's commits at the settled rate, so that
     rivals pacing themselves are not mistaken for no rivals: counted per commit, or in a
     fixed second, it let the producer that commits most often halve its interval while the
@@ -46,19 +46,19 @@ class IntervalController:
     stream.
     """
 
-    def __init__(self, *, min_s: float = 0.0, max_s: float = 5.0, increase: float = 2.0,
+    def __init__(self, *, max_s: float = 5.0, increase: float = 2.0,
                  gain: float = 3e-5, quiet_windows: float = 200.0, conflict_floor_s: float = 0.002,
                  latency_floor_s: float = 0.002, jitter: float = 0.25,
                  rng: random.Random | None = None) -> None:
-        if not 0 <= min_s <= max_s:
-            raise ValueError(f"need 0 <= min_s <= max_s, got {min_s}, {max_s}")
+        if max_s < 0:
+            raise ValueError(f"need max_s >= 0, got {max_s}")
         if increase <= 1 or gain <= 0 or quiet_windows < 0 or not 0 <= jitter < 1:
             raise ValueError("need increase > 1, gain > 0, quiet_windows >= 0, 0 <= jitter < 1")
-        self.min_s, self.max_s = min_s, max_s
+        self.max_s = max_s
         self.increase, self.gain, self.quiet_windows = increase, gain, quiet_windows
         self.conflict_floor_s, self.jitter = conflict_floor_s, jitter
         self.latency_floor_s = latency_floor_s
-        self.interval = min_s
+        self.interval = 0.0
         self._quiet = 0.0  # seconds of commits that no rival entry preceded, in a row
         self._window: float | None = None
         self._rng = rng or random.Random()
@@ -91,15 +91,14 @@ class IntervalController:
             self.interval = min(self.max_s, max(grown, floor))
         elif others == 0 and self._quiet >= self.quiet_windows * w:
             halved = self.interval / self.increase
-            self.interval = self.min_s if halved < self.conflict_floor_s else max(
-                self.min_s, halved)
+            self.interval = 0.0 if halved < self.conflict_floor_s else halved
         elif self.interval > 0:
             # Time the next commit was due counts (the interval, jittered, and the commit),
             # time the writer had nothing to commit does not: back from an idle hour, it
             # has not tested the rate since.
             due = min(elapsed_s, 2 * (self.interval + w))
             rate = 1.0 / self.interval + self.gain * due / (w * w)
-            self.interval = max(self.min_s, 1.0 / rate)
+            self.interval = 1.0 / rate
         if self.interval <= 0:
             return 0.0
         return self.interval * (1 + self.jitter * self._rng.uniform(-1, 1))

@@ -341,3 +341,56 @@ def test_a_column_of_the_wrong_type_names_it(tmp_path) -> None:
     bad = rows(0, 4).set_column(2, "reward", pa.array([1.0] * 4, pa.float64()))
     with Producer(uri, "w") as p, pytest.raises(SchemaMismatchError, match="reward: double"):
         p.write(bad)
+
+
+def test_the_committer_is_woken_only_when_it_can_act(tmp_path) -> None:
+    """Uploads that land out of order, behind a missing seq, or without filling half the
+    budget leave the committer asleep; the missing seq, or the upload that fills half the
+    budget, wakes it. Woken for every upload, it took a thread switch per fragment."""
+    from lakestream.producers.committer import Committer, Uploaded
+
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    with Producer(uri, "w", options=ProducerOptions(max_inflight_fragments=8)) as p:
+        c = Committer(p)  # not started: only its hand-off is exercised
+        woken: list[int] = []
+        real = c._cond.notify_all
+        c._cond.notify_all = lambda: (woken.append(1), real())[1]  # type: ignore[method-assign]
+
+        def upload(seq: int) -> None:
+            c.ready(Uploaded(seq, f"k{seq}", 4, 100, None, 100, 0))
+
+        upload(1)
+        upload(2)
+        assert woken == []  # seq 0 is missing
+        upload(0)
+        assert len(woken) == 1
+        upload(3)  # four ready: half the budget of 8
+        assert len(woken) == 2
+        upload(5)
+        assert len(woken) == 2  # already full: nothing new to act on
+
+
+def test_a_producer_writing_flat_out_commits_at_most_every_min_interval(tmp_path) -> None:
+    """By default a commit starts no sooner than 10 ms after the previous one landed, so a
+    fast producer carries many fragments per commit (with no floor, one upload thread on a
+    local disk committed about every fragment, and the commits took CPU from encoding);
+    a write after a quiet spell still commits at once."""
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    t0 = time.monotonic()
+    with Producer(uri, "w", options=ProducerOptions(upload_threads=1)) as p:
+        assert p.options.min_interval_s == 0.01
+        for i in range(400):
+            p.write(rows(4 * i, 4))
+    elapsed = time.monotonic() - t0
+    assert p.stats.fragments_committed == 400
+    assert p.stats.commits <= elapsed / 0.01 + 2, (p.stats.commits, elapsed)
+    with Producer(uri, "w", options=ProducerOptions(min_interval_s=0.5)) as p:
+        p.write(rows(0, 4))
+        p.flush()
+        time.sleep(0.6)
+        t = time.monotonic()
+        p.write(rows(4, 4))
+        p.flush()
+        assert time.monotonic() - t < 0.3
