@@ -271,10 +271,12 @@ def _row_sizes(values: pa.Array) -> pa.Array:
 
 
 def _column_bytes(values: pa.Array) -> int:
-    """The sum of ``_row_sizes(values)``, in one pass over lengths."""
+    """At least the sum of ``_row_sizes(values)``: for a list column, the span of its offsets
+    (a null row may span values, never fewer than its size of 0), read off its ends."""
     t = values.type
     if _is_list(t):
-        return int(pc.sum(pc.list_value_length(values)).as_py() or 0) * _value_width(values)
+        offsets = values.offsets
+        return (offsets[-1].as_py() - offsets[0].as_py()) * _value_width(values)
     if _is_bytes(t):
         return int(pc.sum(pc.binary_length(values)).as_py() or 0)
     return len(values) * _fixed_width(t)
