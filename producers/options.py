@@ -19,7 +19,11 @@ class ProducerOptions:
     """
 
     commit_policy: CommitPolicy = "adaptive"
-    upload_threads: int = 4
+    upload_threads: int | None = None
+    """Threads that encode and upload fragments. None: 4 on a remote store, where a put
+    waits on the network; on a local disk, where a put is CPU work too, one per core up to
+    4 (threads past the cores only take turns: on 2 cores, one producer spent 13% more CPU
+    per GB uncompressed with 4 than with 2)."""
     max_inflight_fragments: int = 1024
     max_inflight_bytes: int = 256 << 20
     max_fragment_bytes: int = 1 << 30
@@ -44,8 +48,9 @@ class ProducerOptions:
                              f"got {self.commit_policy!r}")
         for name in ("upload_threads", "max_inflight_fragments", "max_inflight_bytes",
                      "max_fragment_bytes", "max_sample_bytes", "max_fragments_per_commit"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if self.compression not in ("zstd", "none", "snappy", "lz4"):
             raise ValueError(f"compression must be zstd, snappy, lz4 or none, "
                              f"got {self.compression!r}")

@@ -22,10 +22,22 @@ from lakestream.producers.options import ProducerOptions
 from lakestream.progress import read_progress
 from lakestream.replay import ReplayState, refuse_if_sealed
 from lakestream.schema import conform, oversized_sample
+from lakestream.store.base import ObjectStore
+from lakestream.store.local import LocalStore
 from lakestream.stream import Stream
 
 LATENCY_WINDOW = 4096
 """Commit latencies a producer remembers: the newest, for percentiles; memory stays bounded."""
+
+
+def upload_threads_for(store: ObjectStore) -> int:
+    """The upload pool's size when the options leave it open: one thread per core, up to
+    4, on a local disk (encoding and the put are both CPU work there); 4 elsewhere."""
+    if isinstance(store, LocalStore):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        return max(1, min(4, cores))
+    return 4
 
 
 class ProducerStats:
@@ -134,8 +146,9 @@ class Producer:
         self._inflight_bytes = 0
         self._pending_rows = 0
         o = self.options
+        self.upload_threads = o.upload_threads or upload_threads_for(self._stream.store)
         self._upload_ahead = (1 if o.commit_policy == "per-fragment"
-                              else o.max_inflight_fragments) + o.upload_threads
+                              else o.max_inflight_fragments) + self.upload_threads
         """How many seqs past the last committed one may be uploaded: one fragment per
         commit takes one, and a round of the pool keeps the next ready; further ahead,
         encoding only takes the CPU the commits need (it could otherwise encode a thousand
@@ -146,7 +159,7 @@ class Producer:
         self._progress_at = 0.0
         self._admitted = False
         self._progress_step = 0
-        self._pool = ThreadPoolExecutor(self.options.upload_threads,
+        self._pool = ThreadPoolExecutor(self.upload_threads,
                                         thread_name_prefix=f"lakestream-upload-{producer_id}")
         self._committer = Committer(self)
         self._committer.start()

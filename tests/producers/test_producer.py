@@ -394,3 +394,25 @@ def test_a_producer_writing_flat_out_commits_at_most_every_min_interval(tmp_path
         p.write(rows(4, 4))
         p.flush()
         assert time.monotonic() - t < 0.3
+
+
+def test_the_upload_pool_has_a_thread_per_core_up_to_four_on_a_local_disk(
+        tmp_path, monkeypatch) -> None:
+    """On a local disk a put is CPU work like the encoding: threads past the cores only
+    take turns. A remote store keeps 4 (its puts wait on the network); a set value wins."""
+    from lakestream.producers import producer as producer_module
+    from lakestream.store.local import LocalStore
+
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    for cores, threads in ((1, 1), (2, 2), (16, 4)):
+        monkeypatch.setattr(producer_module.os, "sched_getaffinity",
+                            lambda _, n=cores: set(range(n)))
+        with Producer(uri, "w") as p:
+            assert p.upload_threads == threads == p._pool._max_workers
+            p.write(rows(0, 4))
+    with Producer(uri, "w", options=ProducerOptions(upload_threads=3)) as p:
+        assert p.upload_threads == 3
+    remote = LocalStore(str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(producer_module, "LocalStore", type("Other", (), {}))
+    assert producer_module.upload_threads_for(remote) == 4
