@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -12,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from zlib_ng import zlib_ng
 
 from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
 from lakestream.index import Fragment
@@ -54,7 +54,7 @@ def _is_nested(t: pa.DataType) -> bool:
 def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zstd",
                     compression_level: int | None = 1, nbytes: int | None = None) -> memoryview:
     """Parquet bytes for ``table``, with row groups aligned to ``group_size``: a view of
-    Arrow's buffer, not a copy (stores, ``zlib.crc32`` and files take it as it is).
+    Arrow's buffer, not a copy (stores, ``zlib_ng.crc32`` and files take it as it is).
 
     Dictionary encoding and statistics are kept for scalar columns (ids, rewards, versions
     repeat and are cheap to encode) and turned off for list and binary columns (tokens,
@@ -208,9 +208,10 @@ class FragmentReader:
         try:
             if 0 <= crc32 and size <= WHOLE_FILE_BYTES:
                 data = self.store.get(path)
-                if len(data) != size or zlib.crc32(data) != crc32:
-                    raise ValueError(f"{len(data)} bytes with CRC-32 {zlib.crc32(data)}, the log "
-                                     f"recorded {size} bytes with {crc32}: the file is damaged")
+                found = zlib_ng.crc32(data)
+                if len(data) != size or found != crc32:
+                    raise ValueError(f"{len(data)} bytes with CRC-32 {found}, the log recorded "
+                                     f"{size} bytes with {crc32}: the file is damaged")
                 source: Any = pa.BufferReader(data)
             else:
                 source = self.store.open_input(path, size)

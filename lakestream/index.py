@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import io
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.log import FragmentRef
@@ -401,8 +401,8 @@ def fetch_segment(fetch: Fetch, key: str, crc: int) -> Columns:
         data = fetch(key)
     except NotFoundError:
         raise SegmentError(f"index segment {key} is missing", key) from None
-    if zlib.crc32(data) != crc:
-        raise SegmentError(f"index segment {key} has CRC-32 {zlib.crc32(data)}, the manifest "
+    if zlib_ng.crc32(data) != crc:
+        raise SegmentError(f"index segment {key} has CRC-32 {zlib_ng.crc32(data)}, the manifest "
                            f"recorded {crc}: it is damaged", key)
     try:
         return decode_segment(data)

@@ -6,11 +6,11 @@ import json
 import re
 import time
 import uuid
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError
 from lakestream.schema import (
@@ -435,7 +435,7 @@ def encode_entry(entry: Entry) -> bytes:
     # in as the last key of ``lakestream``, the last object of the line: the tail that
     # ``_as_written`` cuts. allow_nan=False as a backstop: only the state holds floats.
     head, body = _dump(commit_info), "".join("\n" + line for line in lines)
-    crc = zlib.crc32((head + body).encode())
+    crc = zlib_ng.crc32((head + body).encode())
     return (head[:-3] + f',"crc32":{crc}}}}}}}' + body + "\n").encode()
 
 
@@ -466,14 +466,14 @@ def _as_written(data: bytes) -> int | None:
     if tail is None:
         return None
     stored = int(tail.group(1))
-    crc = zlib.crc32(data[:first - len(tail.group(0))] + b"}}}")
-    return stored if zlib.crc32(data[first:-1], crc) == stored else None
+    crc = zlib_ng.crc32(data[:first - len(tail.group(0))] + b"}}}")
+    return stored if zlib_ng.crc32(data[first:-1], crc) == stored else None
 
 
 def entry_checksum(lines: list[dict[str, Any]]) -> int:
     """CRC-32 of an entry's lines, compactly serialised, without the checksum itself: a
     damaged entry that still parses is caught (object stores check transfers, not rot)."""
-    return zlib.crc32("\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode())
+    return zlib_ng.crc32("\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode())
 
 
 def _fragment(action: dict[str, Any], version: int) -> FragmentRef:

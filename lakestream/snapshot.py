@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import json
 import logging
-import zlib
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+from zlib_ng import zlib_ng
 
 from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
 from lakestream.failpoints import failpoint
@@ -104,14 +104,14 @@ def _encode_manifest(state: ReplayState, segments: list[list[object]]) -> bytes:
         "segments": segments,
     }
     body = json.dumps(info, sort_keys=True, separators=(",", ":")).encode()
-    return body + _CRC_LINE + str(zlib.crc32(body)).encode() + b"\n"
+    return body + _CRC_LINE + str(zlib_ng.crc32(body)).encode() + b"\n"
 
 
 def _read_manifest(data: bytes) -> dict[str, Any]:
     """The manifest's fields. Its last line is the CRC-32 of the JSON before it, so any
     damaged byte is caught, not only those that break the JSON."""
     body, sep, crc = data.rpartition(_CRC_LINE)
-    if not sep or crc != str(zlib.crc32(body)).encode() + b"\n":
+    if not sep or crc != str(zlib_ng.crc32(body)).encode() + b"\n":
         raise ValueError("its checksum does not match its content: it is damaged")
     info: dict[str, Any] = json.loads(body)
     return info
@@ -288,7 +288,7 @@ def _put_segment(store: ObjectStore, index: FragmentIndex, key: str, lo: int, hi
         except NotFoundError:
             store.put(key, data, mode="create")
     index.remember(key, cols)
-    return Part(lo, hi, cols.start, cols.end, len(cols), key, zlib.crc32(data))
+    return Part(lo, hi, cols.start, cols.end, len(cols), key, zlib_ng.crc32(data))
 
 
 def rebase(store: ObjectStore, state: ReplayState) -> bool:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+from zlib_ng import zlib_ng
 
 from lakestream.errors import (
     AlreadyExistsError,
@@ -292,7 +292,7 @@ class Stream:
             )
         key = fragment_key(ANONYMOUS, 0, 0)
         body = encode_fragment(table, g)
-        crc = zlib.crc32(body)
+        crc = zlib_ng.crc32(body)
         put_fragment(self.store, key, body)
 
         def build(state: ReplayState, commit_id: str) -> Entry:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
+from zlib_ng import zlib_ng
 
 from lakestream.errors import LakestreamError
 from lakestream.failpoints import failpoint
@@ -351,7 +351,7 @@ class Producer:
             failpoint("after_upload")
             self.stats.add(bytes_uploaded=len(body), fragments_uploaded=1)
             self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes,
-                                           zlib.crc32(body)))
+                                           zlib_ng.crc32(body)))
         except BaseException as e:  # noqa: BLE001 - surfaced on the caller's next call
             self._fail(e)
 

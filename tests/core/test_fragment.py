@@ -161,3 +161,28 @@ def test_a_fragment_is_encoded_once_into_room_sized_from_its_table(monkeypatch) 
     tight = bytes(encode_fragment(small, 4, compression="none"))
     assert len(calls) == 2 and len(tight) > small.nbytes * 2
     assert pq.read_table(pa.BufferReader(tight)).equals(small)
+
+
+def test_the_checksums_recorded_are_zlib_crc32(tmp_path) -> None:
+    """A fragment's checksum in its add action, and the entry's own, are CRC-32 as zlib
+    computes it: what streams written before carry, and what any other reader recomputes."""
+    import json
+
+    from lakestream.producers import Producer
+    from tests.helpers import SCHEMA, rows
+
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    with Producer(uri, "w") as p:
+        p.write(rows(0, 4))
+    entry = (tmp_path / "s" / "_delta_log" / f"{2:020d}.json").read_bytes()
+    lines = [json.loads(line) for line in entry.splitlines()]
+    add = next(a["add"] for a in lines if "add" in a)
+    body = (tmp_path / "s" / add["path"]).read_bytes()
+    assert add["tags"]["lakestream.crc32"] == str(zlib.crc32(body))
+    stored = lines[0]["commitInfo"]["lakestream"]["crc32"]
+    compact = [lines[0] | {"commitInfo": lines[0]["commitInfo"] | {"lakestream": {
+        k: v for k, v in lines[0]["commitInfo"]["lakestream"].items() if k != "crc32"}}},
+        *lines[1:]]
+    assert stored == zlib.crc32("\n".join(json.dumps(a, separators=(",", ":"))
+                                          for a in compact).encode())
