@@ -157,8 +157,8 @@ def _nats_producer(port: int, k: int, start_at: float, duration: float, out: Any
     out.put(asyncio.run(run()))
 
 
-def _lakestream_producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
-                         duration: float, out: Any, compression: str) -> None:
+def _lakestream_producer(uri: str, options: dict[str, str] | None, turn: Any, k: int,
+                         start_at: float, duration: float, out: Any, compression: str) -> None:
     from floor import floors
 
     from lakestream.producers import Producer, ProducerOptions
@@ -180,9 +180,12 @@ def _lakestream_producer(uri: str, options: dict[str, str] | None, k: int, start
              "arrow_bytes": sum(tables[i % len(tables)].nbytes for i in range(done)),
              "cpu_s": cpu})
     # The encode floor and the put alone, in the same process once every producer has
-    # reported: the same tables with the producer's options, to the same store.
-    alone = floors(tables, GROUP, compression, p.stream.store, f"bench-floor/{k}/",
-                   FLOOR_CPU_S)
+    # reported: the same tables with the producer's options, to the same store; one
+    # producer at a time (4 at once on 2 cores measured their own contention: a put that
+    # costs 0.8 CPU-s per GB alone came out at 3.3).
+    with turn:
+        alone = floors(tables, GROUP, compression, p.stream.store, f"bench-floor/{k}/",
+                       FLOOR_CPU_S)
     out.put({"floor_cpu_s_per_gb": alone["encode"], "put_cpu_s_per_gb": alone["put"]})
 
 
@@ -219,7 +222,7 @@ def ingest(system: str, producers: int, duration: float, tmp: str,
         server_pid = s3_pid if on_s3 else 0
         lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=B, group_size=GROUP,
                           storage_options=options)
-        target, args = _lakestream_producer, (uri, options)
+        target, args = _lakestream_producer, (uri, options, ctx.Lock())
     if server is not None:
         server_pid = server.proc.pid
     extra: tuple[Any, ...] = ()

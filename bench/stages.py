@@ -20,7 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import payload  # noqa: E402
 from floor import floors  # noqa: E402
 from reps import median  # noqa: E402
+from zlib_ng import zlib_ng  # noqa: E402
 
 import lakestream  # noqa: E402
 import lakestream.producers.producer as producer_module  # noqa: E402
@@ -61,10 +61,10 @@ def _instrument() -> None:
     m.encode_fragment = _timed("encode", m.encode_fragment)  # type: ignore[attr-defined]
     m.put_fragment = _timed("store put", m.put_fragment)  # type: ignore[attr-defined]
 
-    class _Zlib:
-        crc32 = staticmethod(_timed("crc32", zlib.crc32))
+    class _Crc:
+        crc32 = staticmethod(_timed("crc32", zlib_ng.crc32))
 
-    m.zlib = _Zlib  # type: ignore[attr-defined]
+    m.zlib_ng = _Crc  # type: ignore[assignment]
     m.Producer.write = _timed("write call (all)", m.Producer.write)  # type: ignore[method-assign]
     m.Producer._upload = _timed("upload (all)", m.Producer._upload)  # type: ignore[method-assign]
     Committer.run = _timed("committer (all)", Committer.run)  # type: ignore[method-assign]
