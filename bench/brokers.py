@@ -181,8 +181,7 @@ def _lakestream_producer(uri: str, options: dict[str, str] | None, turn: Any, k:
              "cpu_s": cpu})
     # The encode floor and the put alone, in the same process once every producer has
     # reported: the same tables with the producer's options, to the same store; one
-    # producer at a time (4 at once on 2 cores measured their own contention: a put that
-    # costs 0.8 CPU-s per GB alone came out at 3.3).
+    # producer at a time, so that they do not measure each other on 2 cores.
     with turn:
         alone = floors(tables, GROUP, compression, p.stream.store, f"bench-floor/{k}/",
                        FLOOR_CPU_S)

@@ -597,8 +597,11 @@ def main() -> None:
             out += ["Why ingest misses 2x: both sides are CPU-bound on the 2 shared cores, so "
                     "the ratio follows CPU per GB: TransferQueue "
                     f"{tq4['cpu_s_per_gb']:.1f} CPU-s per GB (producers and Ray processes), "
-                    f"Lakestream {ls4['cpu_s_per_gb']:.1f}. Lakestream is the cheaper of the two "
-                    "but not by half: its producers encode and compress Parquet, which "
+                    f"Lakestream {ls4['cpu_s_per_gb']:.1f}. "
+                    + ("Lakestream is the cheaper of the two but not by half"
+                       if ls4["cpu_s_per_gb"] < 0.95 * tq4["cpu_s_per_gb"]
+                       else "Lakestream costs about as much or more")
+                    + ": its producers encode and compress Parquet, which "
                     "TransferQueue never does (it keeps tensors in actor memory, unpersisted). "
                     "Reading back is where the format pays: columnar fragments read from "
                     "files, no actor hop.", ""]
