@@ -59,14 +59,17 @@ def test_a_lost_reply_to_creating_the_stream_is_recognised(s3_endpoint: str,
                                                            s3_options: dict[str, str]) -> None:
     # The reply to creating version 0 is lost after the server applied it: reading it back
     # finds our own entry, so this is our stream, not a failure or "a stream already exists".
+    # Regression (of the test): it appended through the proxy after the proxy had stopped,
+    # which worked only while the client's pool still held a keep-alive connection; without
+    # one the put was refused and retried until the suite's timeout (CI hung once).
     uri = f"s3://{BUCKET}/lost-create"
     with FaultProxy(s3_endpoint) as proxy:
         proxy.policy = lambda r: ("lost" if r.method == "PUT" and r.path.endswith(
             "_delta_log/00000000000000000000.json") and not proxy.lost else None)
         s = lakestream.create(uri, SCHEMA, global_batch_size=4,
                               storage_options=proxy.options(s3_options))
-    assert [k for k, _p, _s in proxy.lost] == ["lost"]
-    s.append(rows(0, 4))
+        assert [k for k, _p, _s in proxy.lost] == ["lost"]
+        s.append(rows(0, 4))  # through the proxy, while it still runs
     assert lakestream.open(uri, storage_options=s3_options).num_samples == 4
 
 
