@@ -125,7 +125,8 @@ class Committer(threading.Thread):
                 if batch is None:
                     return
                 # After a wait or a lost race the head has likely moved: read it first
-                # rather than pay for a put that fails. At low load, commit at once. Before
+                # rather than pay for a put that fails. At low load, commit without reading
+                # first (after the floor of min_interval_s, not a wait of DAC's). Before
                 # the first commit the view may be as old as the producer.
                 result = p.stream.commit(
                     self._build(batch), self._commit_options,

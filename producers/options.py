@@ -34,9 +34,10 @@ class ProducerOptions:
     """``zstd`` (level ``compression_level``) or ``none`` (the fast path: no compression)."""
     compression_level: int = 1
     min_interval_s: float = 0.01
-    """The least time from one commit landing to the next starting: a producer writing flat
-    out commits at most this often and carries more fragments in each (a commit costs CPU
-    the encoding would use). A write after a quiet spell still commits at once."""
+    """With the adaptive policy, the least time from one commit landing to the next
+    starting: a producer writing flat out commits at most this often and carries more
+    fragments in each (a commit costs CPU the encoding would use). A write after a quiet
+    spell still commits at once. Independent of ``max_interval_s``, DAC's longest wait."""
     max_interval_s: float = 5.0
     max_fragments_per_commit: int = 10_000
     progress_poll_s: float = 0.05
@@ -54,7 +55,8 @@ class ProducerOptions:
         if self.compression not in ("zstd", "none", "snappy", "lz4"):
             raise ValueError(f"compression must be zstd, snappy, lz4 or none, "
                              f"got {self.compression!r}")
-        if not 0 <= self.min_interval_s <= self.max_interval_s:
-            raise ValueError("need 0 <= min_interval_s <= max_interval_s")
+        for name in ("min_interval_s", "max_interval_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.progress_poll_s <= 0:
             raise ValueError("progress_poll_s must be positive")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
@@ -19,15 +18,13 @@ from lakestream.fragment import encode_fragment, fragment_key, put_fragment
 from lakestream.log import Entry, Fence, check_group, check_producer_id, check_state
 from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
+from lakestream.producers.stats import ProducerStats
 from lakestream.progress import read_progress
 from lakestream.replay import ReplayState, refuse_if_sealed
 from lakestream.schema import conform, oversized_sample
 from lakestream.store.base import ObjectStore
 from lakestream.store.local import LocalStore
 from lakestream.stream import Stream
-
-LATENCY_WINDOW = 4096
-"""Commit latencies a producer remembers: the newest, for percentiles; memory stays bounded."""
 
 
 def upload_threads_for(store: ObjectStore) -> int:
@@ -38,56 +35,6 @@ def upload_threads_for(store: ObjectStore) -> int:
             os.cpu_count() or 1)
         return max(1, min(4, cores))
     return 4
-
-
-class ProducerStats:
-    """Counters of one producer instance (since it opened).
-
-    The writer's thread, the upload pool and the committer all count here, so every update
-    goes through ``add`` under a lock; reads of single counters need none.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.writes = 0
-        self.rows = 0
-        self.bytes_uploaded = 0
-        self.fragments_uploaded = 0
-        self.commits = 0
-        self.attempts = 0
-        self.conflicts = 0
-        self.fragments_committed = 0
-        self.lag_wait_s = 0.0
-        self.commit_latencies_s: deque[float] = deque(maxlen=LATENCY_WINDOW)
-        """The latencies of the last ``LATENCY_WINDOW`` commits, oldest first."""
-
-    def add(self, **counts: float) -> None:
-        """Adds to the named counters atomically."""
-        with self._lock:
-            for name, value in counts.items():
-                setattr(self, name, getattr(self, name) + value)
-
-    def add_commit(self, attempts: int, conflicts: int, fragments: int,
-                   latency_s: float) -> None:
-        with self._lock:
-            self.commits += 1
-            self.attempts += attempts
-            self.conflicts += conflicts
-            self.fragments_committed += fragments
-            self.commit_latencies_s.append(latency_s)
-
-    def latencies(self) -> list[float]:
-        """A copy of the remembered commit latencies, oldest first (safe while committing)."""
-        with self._lock:
-            return list(self.commit_latencies_s)
-
-    @property
-    def fragments_per_commit(self) -> float:
-        return self.fragments_committed / self.commits if self.commits else 0.0
-
-    def __repr__(self) -> str:
-        return (f"ProducerStats(writes={self.writes}, rows={self.rows}, commits={self.commits}, "
-                f"conflicts={self.conflicts}, fragments_committed={self.fragments_committed})")
 
 
 class Producer:

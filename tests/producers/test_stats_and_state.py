@@ -9,9 +9,9 @@ import threading
 import pytest
 
 import lakestream
-import lakestream.producers.producer as producer_module
+import lakestream.producers.stats as stats_module
 from lakestream.producers import Producer, ProducerOptions
-from lakestream.producers.producer import ProducerStats
+from lakestream.producers.stats import ProducerStats
 from tests.helpers import SCHEMA, rows
 
 
@@ -31,7 +31,7 @@ def test_a_state_that_is_not_json_is_refused_before_anything_is_written(tmp_path
 
 def test_commit_latencies_are_bounded(tmp_path, monkeypatch) -> None:
     # Regression: every commit's latency was appended to a list that grew for ever.
-    monkeypatch.setattr(producer_module, "LATENCY_WINDOW", 5)
+    monkeypatch.setattr(stats_module, "LATENCY_WINDOW", 5)
     uri = str(tmp_path / "s")
     lakestream.create(uri, SCHEMA, global_batch_size=4)
     with Producer(uri, "p", options=ProducerOptions(commit_policy="per-fragment")) as p:
