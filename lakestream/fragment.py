@@ -93,7 +93,7 @@ def _write_parquet(table: pa.Table, capacity: int, **options: Any) -> memoryview
     sink = pa.FixedSizeBufferWriter(buffer)
     try:
         pq.write_table(table, sink, **options)
-    except OSError:  # past the end of the buffer: the only I/O error of a memory sink
+    except OSError:  # past the end of the buffer (a codec's failure raises again below)
         grown = pa.BufferOutputStream()
         pq.write_table(table, grown, **options)
         return memoryview(grown.getvalue()).cast("B")

@@ -416,3 +416,13 @@ def test_the_upload_pool_has_a_thread_per_core_up_to_four_on_a_local_disk(
     remote = LocalStore(str(tmp_path / "elsewhere"))
     monkeypatch.setattr(producer_module, "LocalStore", type("Other", (), {}))
     assert producer_module.upload_threads_for(remote) == 4
+
+
+def test_the_commit_floor_and_dac_s_cap_are_set_independently() -> None:
+    """A cap on DAC's wait below the default floor is valid (it was refused once the floor
+    became 10 ms by default: the two were checked as one range)."""
+    assert ProducerOptions(max_interval_s=0).max_interval_s == 0
+    assert ProducerOptions(min_interval_s=1.0, max_interval_s=0.1).min_interval_s == 1.0
+    for bad in ({"min_interval_s": -0.1}, {"max_interval_s": -1.0}):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            ProducerOptions(**bad)  # type: ignore[arg-type]
