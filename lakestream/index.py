@@ -401,9 +401,10 @@ def fetch_segment(fetch: Fetch, key: str, crc: int) -> Columns:
         data = fetch(key)
     except NotFoundError:
         raise SegmentError(f"index segment {key} is missing", key) from None
-    if zlib_ng.crc32(data) != crc:
-        raise SegmentError(f"index segment {key} has CRC-32 {zlib_ng.crc32(data)}, the manifest "
-                           f"recorded {crc}: it is damaged", key)
+    found = zlib_ng.crc32(data)
+    if found != crc:
+        raise SegmentError(f"index segment {key} has CRC-32 {found}, the manifest recorded "
+                           f"{crc}: it is damaged", key)
     try:
         return decode_segment(data)
     except (ValueError, OSError, pa.ArrowException) as e:
