@@ -44,6 +44,18 @@ class StreamSealedError(LakestreamError):
     """The stream is sealed (``Stream.seal``): it takes no more appends."""
 
 
+class LogCompactedError(LakestreamError):
+    """A log version a handle asked for was compacted by gc (it holds a tombstone): the
+    handle's view is older than the log's retained start. Handles reopen from the newest
+    snapshot on their own; this reaches a caller only where nothing newer can be opened."""
+
+    def __init__(self, message: str, *, version: int, snapshot: int) -> None:
+        super().__init__(message)
+        self.version = version
+        self.snapshot = snapshot
+        """The snapshot gc knew to be newest when it compacted: reopen from there on."""
+
+
 class StepNotAvailableError(LakestreamError):
     """A step is not visible yet (or no longer: it was reclaimed)."""
 

@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from lakestream.errors import NotFoundError
 from lakestream.log import Entry
@@ -38,16 +39,20 @@ class SharedHead:
         self._cond = threading.Condition()
         self._entries: OrderedDict[int, Entry] = OrderedDict()
         self._reading: set[int] = set()
-        self._absent = -1
-        """The version last found absent; asked for again at ``_retry_at``."""
+        self._top = -1
+        """The highest version found present."""
+        self._absent: int | None = None
+        """The lowest version found absent past ``_top``: it and every version after it
+        are absent until ``_retry_at``."""
         self._retry_at = 0.0
         self._backoff = POLL_MIN_S
         self.gets = 0
         """GETs of log entries this process sent through here."""
 
     def entry(self, store: ObjectStore, version: int) -> Entry | None:
-        """The entry at ``version``; None if it was absent when last asked for (at most a
-        backoff round ago).
+        """The entry at ``version``; None if it, or a version before it, was absent when
+        last asked for (at most a backoff round ago). Safe from many threads: a catch-up
+        reading several versions at once goes through here too.
 
         Raises:
             CorruptLogError: it cannot be parsed. StoreError: the store failed.
@@ -57,7 +62,8 @@ class SharedHead:
                 if version in self._entries:
                     self._entries.move_to_end(version)
                     return self._entries[version]
-                if version == self._absent and time.monotonic() < self._retry_at:
+                if self._absent is not None and version >= self._absent \
+                        and time.monotonic() < self._retry_at:
                     return None
                 if version not in self._reading:
                     break
@@ -72,21 +78,26 @@ class SharedHead:
         finally:
             with self._cond:
                 self._reading.discard(version)
-                now = time.monotonic()
                 if entry is not None:
                     self._entries[version] = entry
                     while len(self._entries) > CACHED_ENTRIES:
                         self._entries.popitem(last=False)
-                    if version >= self._absent:
-                        self._backoff = POLL_MIN_S
-                elif version == self._absent:
-                    self._backoff = min(POLL_MAX_S, self._backoff * 2)
-                else:
-                    self._absent, self._backoff = version, POLL_MIN_S
-                if entry is None:
-                    self._retry_at = now + self._backoff
+                    self._top = max(self._top, version)
+                    if self._absent is not None and version >= self._absent:
+                        self._absent, self._backoff = None, POLL_MIN_S  # the log moved on
+                elif version > self._top and (self._absent is None or version <= self._absent):
+                    # The head as far as anyone here knows: back off from asking again. A
+                    # read past an absent version (a parallel round's) changes nothing.
+                    self._backoff = min(POLL_MAX_S, self._backoff * 2) \
+                        if version == self._absent else POLL_MIN_S
+                    self._absent = version
+                    self._retry_at = time.monotonic() + self._backoff
                 self._cond.notify_all()
         return entry
+
+    def reader(self, store: ObjectStore) -> Callable[[int], Entry | None]:
+        """``entry`` on ``store``, as the log reader ``lakestream.tail.catch_up`` takes."""
+        return lambda version: self.entry(store, version)
 
 
 _HEADS: dict[tuple[str, int], SharedHead] = {}

@@ -28,6 +28,16 @@ reads format 1 only, so it stops at one with "upgrade lakestream", not "corrupt"
 SEAL_ENTRY_FORMAT = 3
 """The format of ``seal`` entries, for the same reason: an older reader would take appends
 after the seal as valid."""
+COMPACTED_ENTRY_FORMAT = 4
+"""The format of the tombstones gc leaves in place of compacted entries: a lakestream from
+before them stops at one with "upgrade lakestream"."""
+TOMBSTONE_TTL_S = 3600.0
+"""gc deletes a tombstone only once it is this old by the store's clock, so a version it
+compacted stays taken for at least this long after the entry there was written."""
+REOPEN_IDLE_S = TOMBSTONE_TTL_S / 4
+"""A handle whose view no read has confirmed at the log's head for this long reopens from
+the newest snapshot before it reads the log or commits: the tombstone after its view may
+be gone by then."""
 LOG_DIR = "_delta_log/"
 DATA_DIR = "data/"
 _PLAIN_DATA_KEY = re.compile(r"data/(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)+[A-Za-z0-9_-][A-Za-z0-9._-]*"
@@ -273,7 +283,21 @@ class Reclaim:
     commit_id: str = field(default_factory=new_commit_id)
 
 
-Entry = Create | Append | Fence | Checkpoint | Register | RemoveGroup | Seal | Reclaim
+@dataclass(frozen=True)
+class Compacted:
+    """A tombstone: gc compacted the entry at this version away, and left this in its place
+    so that the version stays taken (a put-if-absent from an old view fails there, and a
+    read from one learns that it must reopen). Replay never folds it in."""
+
+    snapshot: int
+    """The newest snapshot when gc compacted the entry: a reader reopens from it or later."""
+    replaced: str | None
+    """The commit id of the entry it replaced (None if that entry could not be read): a
+    committer whose put had an unknown outcome learns from it whether the entry was its own."""
+    commit_id: str = field(default_factory=new_commit_id)
+
+
+Entry = Create | Append | Fence | Checkpoint | Register | RemoveGroup | Seal | Reclaim | Compacted
 
 
 def _dump(action: dict[str, Any]) -> str:
@@ -387,7 +411,8 @@ def encode_entry(entry: Entry) -> bytes:
     """
     now = int(time.time() * 1000)
     fmt = GROUP_ENTRY_FORMAT if isinstance(entry, Register | RemoveGroup) \
-        else SEAL_ENTRY_FORMAT if isinstance(entry, Seal) else FORMAT_VERSION
+        else SEAL_ENTRY_FORMAT if isinstance(entry, Seal) \
+        else COMPACTED_ENTRY_FORMAT if isinstance(entry, Compacted) else FORMAT_VERSION
     info: dict[str, Any] = {"format": fmt, "commit_id": entry.commit_id}
     actions: list[dict[str, Any]] = []
     lines: list[str] = []
@@ -425,6 +450,9 @@ def encode_entry(entry: Entry) -> bytes:
         info.update(op="reclaim", below_offset=entry.below_offset)
         operation, params = "DELETE", {"predicate": f"offset < {entry.below_offset}"}
         actions = [_remove(f, now) for f in entry.removed]
+    elif isinstance(entry, Compacted):
+        info.update(op="compacted", snapshot=entry.snapshot, replaced=entry.replaced)
+        operation, params = "SET TBLPROPERTIES", {}
     else:  # pragma: no cover - the union is closed
         raise TypeError(f"not a log entry: {entry!r}")
     commit_info = {"commitInfo": {"timestamp": now, "operation": operation,
@@ -540,10 +568,12 @@ def decode_entry(version: int, data: bytes) -> Entry:
             raise ValueError(f"checksum {stored!r} does not match the content "
                              f"({entry_checksum(actions)}): the entry is damaged")
         fmt = info.get("format")
-        if fmt not in (FORMAT_VERSION, GROUP_ENTRY_FORMAT, SEAL_ENTRY_FORMAT):
+        if fmt not in (FORMAT_VERSION, GROUP_ENTRY_FORMAT, SEAL_ENTRY_FORMAT,
+                       COMPACTED_ENTRY_FORMAT):
             raise CorruptLogError(
                 f"log version {version} has format version {fmt!r}; this lakestream reads "
-                f"{FORMAT_VERSION}-{SEAL_ENTRY_FORMAT}: upgrade lakestream or check the writer"
+                f"{FORMAT_VERSION}-{COMPACTED_ENTRY_FORMAT}: upgrade lakestream or check the "
+                "writer"
             )
         op, cid = info["op"], str(info["commit_id"])
         if op == "create":
@@ -575,6 +605,10 @@ def decode_entry(version: int, data: bytes) -> Entry:
         if op == "reclaim":
             removed = tuple(_fragment(a, version) for a in by_kind.get("remove", []))
             return Reclaim(int(info["below_offset"]), removed, cid)
+        if op == "compacted":
+            replaced = info.get("replaced")
+            return Compacted(int(info["snapshot"]), None if replaced is None else str(replaced),
+                             cid)
         raise ValueError(f"unknown operation {op!r}")
     except CorruptLogError:
         raise

@@ -7,11 +7,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from lakestream.errors import CorruptLogError, StreamSealedError
+from lakestream.errors import CorruptLogError, LogCompactedError, StreamSealedError
 from lakestream.index import Fragment, FragmentIndex, Removal
 from lakestream.log import (
     Append,
     Checkpoint,
+    Compacted,
     Create,
     Entry,
     Fence,
@@ -106,7 +107,14 @@ class ReplayState:
         Raises:
             CorruptLogError: versions out of order, an entry before version 0, or offsets
                 recorded in the entry that disagree with replay.
+            LogCompactedError: the entry is gc's tombstone: this state is older than the
+                log's retained start, and only a newer snapshot can take it further.
         """
+        if isinstance(entry, Compacted):
+            raise LogCompactedError(
+                f"log version {version} was compacted by gc: a view at version {self.version} "
+                f"is older than the retained log; reopen from snapshot {entry.snapshot} or "
+                "later", version=version, snapshot=entry.snapshot)
         if version != self.version + 1:
             raise CorruptLogError(f"log version {version} replayed after {self.version}")
         if isinstance(entry, Create):

@@ -3,20 +3,25 @@ needs, then garbage-collect files, old log entries and snapshots after a grace p
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tqdm import tqdm
 
-from lakestream.errors import CorruptLogError, NotFoundError, StoreError
+from lakestream.errors import CorruptLogError, NotFoundError, PermissionDeniedError, StoreError
 from lakestream.failpoints import failpoint
 from lakestream.inventory import unreferenced
 from lakestream.log import (
     LOG_DIR,
+    TOMBSTONE_TTL_S,
+    Compacted,
     Entry,
     FragmentRef,
     Reclaim,
+    encode_entry,
     is_delta_checkpoint_key,
     log_key,
     log_version,
@@ -33,7 +38,10 @@ from lakestream.snapshot import (
 from lakestream.store.base import ObjectMeta, ObjectStore
 from lakestream.tail import read_entry
 
+T = TypeVar("T")
 CLOCK_KEY = "_lakestream/_clock"
+COMPACTED_KEY = "_lakestream/_compacted"
+"""``{"version": F}``: every log version below F is a tombstone (or, after its TTL, gone)."""
 LAST_CHECKPOINT_KEY = "_delta_log/_last_checkpoint"
 
 
@@ -105,11 +113,17 @@ class GcReport:
     data_files: int = 0
     data_bytes: int = 0
     log_entries: int = 0
+    """Log entries compacted: replaced by tombstones."""
+    tombstones: int = 0
+    """Tombstones deleted once older than ``TOMBSTONE_TTL_S``."""
     delta_checkpoints: int = 0
     snapshots: int = 0
     index_segments: int = 0
     temp_files: int = 0
     kept_in_grace: int = 0
+    skipped: list[str] = field(default_factory=list)
+    """What gc could not handle and left (a key the store refuses, a folder that is a
+    link, a failed listing), one line each: the rest was collected, the log compacted."""
 
 
 def _protected_by_recent_reclaims(store: ObjectStore, state: ReplayState,
@@ -129,7 +143,7 @@ def _protected_by_recent_reclaims(store: ObjectStore, state: ReplayState,
     return paths
 
 
-def _progress(items: list[ObjectMeta], label: str) -> Iterable[ObjectMeta]:
+def _progress(items: list[T], label: str) -> Iterable[T]:
     """``items``, with a progress bar on a terminal (none in logs and pipes)."""
     return tqdm(items, desc=label, unit="file", disable=not sys.stderr.isatty(), leave=False)
 
@@ -150,30 +164,53 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
     cutoff = now - grace_seconds
     protected = _protected_by_recent_reclaims(store, state, cutoff)
     doomed = []
-    for meta in unreferenced(store, state):
-        if meta.last_modified <= cutoff and meta.key not in protected:
-            doomed.append(meta)
-        else:
-            report.kept_in_grace += 1
+    try:
+        for meta in unreferenced(store, state):
+            if meta.last_modified <= cutoff and meta.key not in protected:
+                doomed.append(meta)
+            else:
+                report.kept_in_grace += 1
+    except StoreError as e:  # e.g. data/ made a link out of the stream: compact all the same
+        report.skipped.append(f"data files: {e}")
     for meta in _progress(doomed, "gc data"):
         failpoint("during_gc")
-        store.delete(meta.key)
-        report.data_files += 1
-        report.data_bytes += meta.size
+        if _delete(store, meta.key, report):
+            report.data_files += 1
+            report.data_bytes += meta.size
     list_temp = getattr(store, "list_temp", None)
     if list_temp is not None:
-        for meta in list_temp(""):
-            if meta.last_modified <= cutoff:
-                store.delete(meta.key)
-                report.temp_files += 1
-    _compact(store, state, cutoff, delta_checkpoint_version, report)
+        try:
+            for meta in list_temp(""):
+                if meta.last_modified <= cutoff and _delete(store, meta.key, report):
+                    report.temp_files += 1
+        except StoreError as e:
+            report.skipped.append(f"temp files: {e}")
+    _compact(store, state, now, cutoff, delta_checkpoint_version, report)
     return report
 
 
-def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
+def _delete(store: ObjectStore, key: str, report: GcReport) -> bool:
+    """Deletes ``key``; a key the store refuses (a name it cannot address, a link on the
+    way) is reported and skipped, so one odd file never stops gc."""
+    try:
+        store.delete(key)
+        return True
+    except (ValueError, StoreError, PermissionDeniedError) as e:
+        report.skipped.append(f"{key!r}: {e}")
+        return False
+
+
+def _compact(store: ObjectStore, state: ReplayState, now: float, cutoff: float,
              delta_checkpoint_version: int | None,
              report: GcReport) -> None:
-    """Deletes log entries and snapshots nothing needs any more."""
+    """Compacts log entries nothing needs any more into tombstones, deletes tombstones past
+    their TTL, and deletes old snapshots, Delta checkpoints and index segments.
+
+    A compacted entry is overwritten by a tombstone, never deleted: its version stays taken,
+    so a handle whose view is older than the retained log cannot commit there (its
+    put-if-absent fails and the tombstone tells it to reopen), and a reader there learns the
+    same rather than taking the missing version for the head (docs/design.md §7).
+    """
     interval = state.stream_meta.snapshot_interval
     newest = (state.version // interval) * interval
     try:
@@ -190,13 +227,15 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
     if pointed is None:
         return
     keep_from = min(keep_from, delta_checkpoint_version, pointed)
-    for v in [v for v in state.reclaim_versions if v < keep_from]:
+    floor = read_version_pointer(store, COMPACTED_KEY) or 0
+    for v in [v for v in state.reclaim_versions if floor <= v < keep_from]:
         try:
             if store.head(log_key(v)).last_modified > cutoff:
                 keep_from = min(keep_from, v)  # a recent reclaim: readers may still use it
         except NotFoundError:
             continue
-    entries: list[ObjectMeta] = []
+    live: list[tuple[int, ObjectMeta]] = []
+    expired: list[ObjectMeta] = []
     checkpoints: list[ObjectMeta] = []
     for meta in store.list(LOG_DIR):
         checkpoint = is_delta_checkpoint_key(meta.key)
@@ -207,16 +246,29 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
                 checkpoints.append(meta)
             continue
         try:
-            if log_version(meta.key) < keep_from:
-                entries.append(meta)
+            v = log_version(meta.key)
         except ValueError:
             continue  # _last_checkpoint and whatever else other engines keep there
-    for meta in _progress(entries, "gc log"):
+        if v < floor:
+            if meta.last_modified <= now - TOMBSTONE_TTL_S:
+                expired.append(meta)
+        elif v < keep_from:
+            live.append((v, meta))
+    # In version order, up to the first entry still in its grace: the tombstones are then
+    # every version below the new floor.
+    compacted = floor
+    for v, meta in _progress(sorted(live), "gc log"):
         if meta.last_modified > cutoff:
-            continue
+            break
         failpoint("during_gc")
+        if _tombstone(store, v, newest):
+            report.log_entries += 1
+        compacted = v + 1
+    if compacted > floor and compacted > (read_version_pointer(store, COMPACTED_KEY) or 0):
+        store.put(COMPACTED_KEY, json.dumps({"version": compacted}).encode(), mode="overwrite")
+    for meta in expired:
         store.delete(meta.key)
-        report.log_entries += 1
+        report.tombstones += 1
     for meta in checkpoints:
         if meta.last_modified <= cutoff:
             store.delete(meta.key)
@@ -229,7 +281,40 @@ def _compact(store: ObjectStore, state: ReplayState, cutoff: float,
         if v < keep_from and meta.last_modified <= cutoff:
             store.delete(meta.key)
             report.snapshots += 1
-    _sweep_index(store, cutoff, report)
+    try:
+        _sweep_index(store, cutoff, report)
+    except StoreError as e:  # e.g. the index folder made a link out of the stream
+        report.skipped.append(f"index segments: {e}")
+
+
+def _tombstone(store: ObjectStore, version: int, snapshot: int) -> bool:
+    """Overwrites the entry at ``version`` with a tombstone naming ``snapshot`` and the
+    replaced entry's commit id; False if a tombstone is there already (another gc's)."""
+    try:
+        data = store.get(log_key(version))
+    except NotFoundError:
+        data = b""  # deleted by a gc from before tombstones: take the version all the same
+    replaced = _commit_id(data)
+    if replaced is _ALREADY:
+        return False
+    store.put(log_key(version), encode_entry(Compacted(snapshot, replaced)), mode="overwrite")
+    return True
+
+
+_ALREADY = "\0tombstone"
+
+
+def _commit_id(data: bytes) -> str | None:
+    """The commit id in an entry's first line (its commitInfo), ``_ALREADY`` if it is a
+    tombstone, None if it cannot be read: the rest of the entry is not parsed."""
+    try:
+        info = json.loads(data[:data.index(b"\n")])["commitInfo"]["lakestream"]
+        if info.get("op") == "compacted":
+            return _ALREADY
+        cid = info["commit_id"]
+        return cid if isinstance(cid, str) else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _last_delta_checkpoint(store: ObjectStore) -> int | None:
@@ -253,7 +338,7 @@ def _sweep_index(store: ObjectStore, cutoff: float, report: GcReport) -> None:
         except CorruptLogError:
             return
     for meta in store.list(INDEX_DIR):
-        if meta.key not in named and meta.last_modified <= cutoff:
-            store.delete(meta.key)
+        if meta.key not in named and meta.last_modified <= cutoff \
+                and _delete(store, meta.key, report):
             report.index_segments += 1
 

@@ -30,7 +30,12 @@ from typing import Any
 import pyarrow as pa
 from zlib_ng import zlib_ng
 
-from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
+from lakestream.errors import (
+    AlreadyExistsError,
+    CorruptLogError,
+    LogCompactedError,
+    NotFoundError,
+)
 from lakestream.failpoints import failpoint
 from lakestream.index import (
     SEGMENT_FRAGMENTS,
@@ -388,25 +393,39 @@ def _latest_snapshot(store: ObjectStore, known: int, interval: int) -> int:
     return lo
 
 
-def load_state(store: ObjectStore, uri: str) -> ReplayState:
+def load_state(store: ObjectStore, uri: str, *, start: int | None = None) -> ReplayState:
     """Opens the stream's state: hint -> newest snapshot -> the tail of the log.
 
     A missing or stale hint costs a few HEADs (exponential, then binary search over snapshot
-    versions); a corrupt snapshot falls back to an older one plus replay.
+    versions); a corrupt snapshot falls back to an older one plus replay. ``start`` names a
+    snapshot to probe from instead of the hint's (a tombstone's: the hint may be older). A
+    tail that runs into gc's tombstones (the snapshot found was older than the retained log)
+    is read again from the snapshot the tombstone names, or else from the newest listed.
 
     Raises:
         NotFoundError: no stream exists at ``uri``.
         CorruptLogError: a log entry, or every snapshot and the log itself, is unreadable.
     """
     errors: list[str] = []
-    state = _newest_snapshot(store, errors)
-    if state is None:
-        if not _exists(store, log_key(0)):
-            if errors:
-                raise CorruptLogError(f"no readable snapshot of {uri}: {errors}")
-            raise NotFoundError(f"no Lakestream stream at {uri} (no {log_key(0)}); create it")
-        state = ReplayState()
-    return read_tail(store, state)
+    listed = False
+    for _ in range(3):
+        state = _newest_snapshot(store, errors, start, listed)
+        if state is None:
+            if not _exists(store, log_key(0)):
+                if errors:
+                    raise CorruptLogError(f"no readable snapshot of {uri}: {errors}")
+                raise NotFoundError(f"no Lakestream stream at {uri} (no {log_key(0)}); "
+                                    "create it")
+            state = ReplayState()
+        try:
+            return read_tail(store, state)
+        except LogCompactedError as e:
+            errors.append(str(e))
+            if start is not None and e.snapshot <= start:
+                listed = True  # the tombstone's snapshot is no newer: list the snapshots
+            start = e.snapshot
+    raise CorruptLogError(f"{uri}: every snapshot found is older than the retained log: "
+                          f"{errors}")
 
 
 def replay_log(store: ObjectStore, damage: CorruptLogError) -> ReplayState:
@@ -419,27 +438,32 @@ def replay_log(store: ObjectStore, damage: CorruptLogError) -> ReplayState:
     if not _exists(store, log_key(0)):
         raise damage
     log.warning("%s; replaying the log of %s instead", damage, store.uri)
-    return read_tail(store, ReplayState())
+    try:
+        return read_tail(store, ReplayState())
+    except LogCompactedError:
+        raise damage from None
 
 
-def _newest_snapshot(store: ObjectStore, errors: list[str]) -> ReplayState | None:
-    start = read_hint(store)
-    if start is None and _exists(store, snapshot_key(0)):
-        start = 0
-    if start is not None:
-        try:
-            known = decode_snapshot(start, store.get(snapshot_key(start)), store.get)
-        except (NotFoundError, CorruptLogError) as e:
-            errors.append(str(e))
-        else:
-            latest = _latest_snapshot(store, start, known.stream_meta.snapshot_interval)
-            if latest == start:
-                return known
+def _newest_snapshot(store: ObjectStore, errors: list[str], start: int | None = None,
+                     listed: bool = False) -> ReplayState | None:
+    if not listed:
+        start = read_hint(store) if start is None else max(start, read_hint(store) or 0)
+        if start is None and _exists(store, snapshot_key(0)):
+            start = 0
+        if start is not None:
             try:
-                return decode_snapshot(latest, store.get(snapshot_key(latest)), store.get)
+                known = decode_snapshot(start, store.get(snapshot_key(start)), store.get)
             except (NotFoundError, CorruptLogError) as e:
                 errors.append(str(e))
-                return known
+            else:
+                latest = _latest_snapshot(store, start, known.stream_meta.snapshot_interval)
+                if latest == start:
+                    return known
+                try:
+                    return decode_snapshot(latest, store.get(snapshot_key(latest)), store.get)
+                except (NotFoundError, CorruptLogError) as e:
+                    errors.append(str(e))
+                    return known
     # The hint and its snapshot are unusable: list the (few, retained) snapshots instead.
     for key in sorted((m.key for m in store.list(SNAPSHOT_DIR)), reverse=True):
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from zlib_ng import zlib_ng
 from lakestream.errors import (
     AlreadyExistsError,
     LakestreamError,
+    LogCompactedError,
     StepNotAvailableError,
     StoreError,
 )
@@ -28,6 +30,7 @@ from lakestream.head import shared_head
 from lakestream.index import Fragment, SegmentError
 from lakestream.lineage import StepLineage, step_lineage
 from lakestream.log import (
+    REOPEN_IDLE_S,
     Append,
     Checkpoint,
     Create,
@@ -54,12 +57,13 @@ from lakestream.retention import (
 from lakestream.schema import conform, validate_schema
 from lakestream.snapshot import load_state, rebase, replay_log, write_snapshot
 from lakestream.store import ObjectStore, open_store
-from lakestream.tail import entry_or_none, read_tail
+from lakestream.tail import ReadEntry, catch_up, entry_or_none
 from lakestream.transaction import (
     DEFAULT_POST_COMMIT,
     Build,
     CommitOptions,
     CommitResult,
+    Landed,
     Outcome,
     PostCommit,
     Transaction,
@@ -95,6 +99,9 @@ class Stream:
         self._damaged_index = False
         self._lock = threading.Lock()
         self._reader = FragmentReader(store)
+        self._confirmed = time.monotonic()
+        """When a read last found the log's head (monotonic): a view not confirmed for
+        ``REOPEN_IDLE_S`` is reopened before it is used again (docs/design.md §7)."""
 
     # -- opening -----------------------------------------------------------------------
 
@@ -168,31 +175,53 @@ class Stream:
         """Reads entries committed since the last look; returns the version now seen.
 
         At the head this is one request that finds nothing, and the view is not copied.
+        Behind it, entries are read in parallel rounds (``lakestream.tail``). A view older
+        than the retained log (gc compacted what follows it) is reopened from the newest
+        snapshot.
         """
-        seen = self._state
-        entry = entry_or_none(self.store, seen.version + 1)
-        if entry is not None:
-            state = seen.copy()
-            state.apply(seen.version + 1, entry)
-            self._publish(read_tail(self.store, state))
-        return self._state.version
+        return self._catch_up(None)
 
     def poll(self) -> int:
         """``refresh`` for readers waiting at the head: entries come through this process's
         ``SharedHead``, so the process sends one GET per new version and one per backoff
-        round however many handles of the stream poll (``lakestream/head.py``). Returns the
-        version now seen. Committers refresh instead: they must see every rival at once.
+        round however many handles of the stream poll (``lakestream/head.py``); behind the
+        head the same parallel rounds as ``refresh``. Returns the version now seen.
+        Committers refresh instead: they must see every rival at once.
         """
+        head = shared_head(self.store, self._state.stream_meta.created_ms)
+        return self._catch_up(head.reader(self.store))
+
+    def _catch_up(self, read: ReadEntry | None) -> int:
+        """The one catch-up of the handle's view: ``read`` reads a version (None: a GET)."""
         seen = self._state
-        head = shared_head(self.store, seen.stream_meta.created_ms)
-        entry = head.entry(self.store, seen.version + 1)
-        if entry is None:
-            return seen.version
-        state = seen.copy()
-        while entry is not None:
-            state.apply(state.version + 1, entry)
-            entry = head.entry(self.store, state.version + 1)
+        if time.monotonic() - self._confirmed > REOPEN_IDLE_S:
+            return self._reopen(None)
+        t0 = time.monotonic()
+        try:
+            entry = entry_or_none(self.store, seen.version + 1) if read is None \
+                else read(seen.version + 1)
+            if entry is None:
+                self._confirmed = max(self._confirmed, t0)
+                return seen.version
+            state = seen.copy()
+            state.apply(seen.version + 1, entry)
+            t = catch_up(self.store, state, read)
+        except LogCompactedError as e:
+            return self._reopen(e)
         self._publish(state)
+        self._confirmed = max(self._confirmed, t)
+        return self._state.version
+
+    def _reopen(self, compacted: LogCompactedError | None) -> int:
+        """Replaces a view that may be older than the retained log by the stream opened from
+        its newest snapshot (``compacted``: the tombstone met says which, at least)."""
+        t0 = time.monotonic()
+        if compacted is not None:
+            log.info("%s; reopening %s", compacted, self.uri)
+        state = load_state(self.store, self.uri,
+                           start=None if compacted is None else compacted.snapshot)
+        self._publish(state)
+        self._confirmed = max(self._confirmed, t0)
         return self._state.version
 
     # -- what the stream holds -----------------------------------------------------------
@@ -251,9 +280,14 @@ class Stream:
             Only what is not an outcome (a bug in ``build``, KeyboardInterrupt): the entry
             may or may not have landed.
         """
+        if time.monotonic() - self._confirmed > REOPEN_IDLE_S:
+            self._reopen(None)
+        t0 = time.monotonic()
         outcome = Transaction(self.store, self._state, build, options, catch_up=catch_up,
                               post_commit=post_commit).commit()
         self._publish(outcome.state)
+        if isinstance(outcome, Landed):
+            self._confirmed = max(self._confirmed, t0)
         return outcome
 
     def commit(self, build: Build, options: CommitOptions | None = None, *,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from lakestream.errors import NotFoundError
 from lakestream.log import Entry, decode_entry, log_key
@@ -13,6 +13,10 @@ from lakestream.threads import shared_pool
 
 TAIL_WIDTH = 16
 SLOW_ROUND_S = 0.002
+
+ReadEntry = Callable[[int], "Entry | None"]
+"""Reads one log version: its entry, or None if it is absent. ``entry_or_none`` on a store,
+or the process's shared head (``lakestream.head``) for readers waiting at the head."""
 
 
 def read_entry(store: ObjectStore, version: int) -> Entry:
@@ -39,15 +43,18 @@ def read_tail(store: ObjectStore, state: ReplayState) -> ReplayState:
 
     Raises:
         CorruptLogError: an entry cannot be parsed or replayed.
+        LogCompactedError: ``state`` is older than the retained log (a tombstone follows).
         StoreError: the store failed (``state`` holds what was folded before).
     """
     catch_up(store, state)
     return state
 
 
-def catch_up(store: ObjectStore, state: ReplayState) -> float:
+def catch_up(store: ObjectStore, state: ReplayState, read: ReadEntry | None = None) -> float:
     """``read_tail``, returning when the read that found the head absent was sent
-    (``time.monotonic()``): from then on ``state`` may be overtaken.
+    (``time.monotonic()``): from then on ``state`` may be overtaken. ``read`` reads one
+    version (default: a GET on ``store``); every catch-up of the log, by readers and
+    committers alike, is this loop.
 
     At the head this is one GET that finds nothing. Behind it, while reads wait on the
     store (a round takes over ``SLOW_ROUND_S``), each round reads twice as many entries at
@@ -57,14 +64,16 @@ def catch_up(store: ObjectStore, state: ReplayState) -> float:
     reads past it. Reads that are fast (a local disk) stay one at a time, where handing
     them to threads would cost more than the reads.
     """
+    if read is None:
+        def read(version: int) -> Entry | None:
+            return entry_or_none(store, version)
     width = 1
     while True:
         first, t0 = state.version + 1, time.monotonic()
         if width == 1:
-            entries: Iterable[Entry | None] = [entry_or_none(store, first)]
+            entries: Iterable[Entry | None] = [read(first)]
         else:
-            futures = [shared_pool().submit(entry_or_none, store, v)
-                       for v in range(first, first + width)]
+            futures = [shared_pool().submit(read, v) for v in range(first, first + width)]
             entries = (f.result() for f in futures)
         try:
             for offset, entry in enumerate(entries):

@@ -23,13 +23,14 @@ from lakestream.errors import (
     CommitStateUnknownError,
     CorruptLogError,
     LakestreamError,
+    LogCompactedError,
     NotFoundError,
     StoreError,
 )
 from lakestream.failpoints import failpoint
-from lakestream.log import Entry, encode_entry, log_key, new_commit_id
+from lakestream.log import Compacted, Entry, encode_entry, log_key, new_commit_id
 from lakestream.replay import ReplayState
-from lakestream.snapshot import write_snapshot
+from lakestream.snapshot import load_state, write_snapshot
 from lakestream.store.base import ObjectStore
 from lakestream.tail import catch_up, read_entry
 
@@ -188,7 +189,7 @@ class Transaction:
             Whatever is not an outcome: a bug in ``build``, or ``KeyboardInterrupt`` with a
             put in flight. Neither says whether the entry landed, so neither allows cleanup.
         """
-        o, state, store = self.options, self.state, self.store
+        o, store = self.options, self.store
         t0 = time.monotonic()
         deadline = t0 + o.deadline_s
         conflicts = failures = attempt = 0
@@ -196,7 +197,7 @@ class Transaction:
         fresh: float | None = None  # when the state was last known to be at the head
         try:
             if self.catch_up:
-                fresh = catch_up(store, state)
+                fresh = self._catch_up()
         except StoreError:
             pass  # only an optimisation: the put finds out
         except CorruptLogError as e:
@@ -205,6 +206,7 @@ class Transaction:
             attempt += 1
             t_attempt = time.monotonic() if fresh is None else fresh
             fresh = None
+            state = self.state
             try:
                 entry = self.build(state, self.commit_id)
             except LakestreamError as e:
@@ -232,9 +234,23 @@ class Transaction:
                 # Something that is not our entry holds the version, and nothing can be
                 # committed after it until it is repaired.
                 return self._refused(e, unknown)
-            if winner is not None and winner.commit_id == self.commit_id:
+            if isinstance(winner, Compacted):
+                # gc compacted the version this state would commit at: the state is older
+                # than the retained log. The tombstone names the entry it replaced.
+                if winner.replaced == self.commit_id:
+                    return self._landed_compacted(version, entry, attempt, conflicts, t0,
+                                                  winner)
+                unknown = False  # another entry held the version: ours is not there
+                try:
+                    self._reopen(winner.snapshot)
+                except StoreError:
+                    failures += 1
+                    self._backoff(failures)
+                except CorruptLogError as e:
+                    return self._refused(e, unknown)
+            elif winner is not None and winner.commit_id == self.commit_id:
                 return self._landed(version, winner, attempt, conflicts, t0, t_attempt)
-            if winner is not None:
+            elif winner is not None:
                 conflicts += 1
                 try:
                     state.apply(version, winner)
@@ -245,7 +261,7 @@ class Transaction:
                 # and a put built on the view from before the sleep would lose for certain.
                 self._backoff(conflicts)
                 try:
-                    fresh = catch_up(store, state)
+                    fresh = self._catch_up()
                 except StoreError:
                     failures += 1
                 except CorruptLogError as e:
@@ -260,7 +276,45 @@ class Transaction:
         return Exhausted(CommitConflictError(
             f"commit {self.commit_id} to {store.uri} lost {conflicts} races and failed "
             f"{failures} times in {attempt} attempts and {time.monotonic() - t0:.1f}s; "
-            "nothing was committed"), state)
+            "nothing was committed"), self.state)
+
+    def _catch_up(self) -> float:
+        """Reads the tail into the state; one that runs into gc's tombstones (the state is
+        older than the retained log) is reopened from the newest snapshot instead. Returns
+        when the read that found the head was sent.
+
+        Raises:
+            CorruptLogError, StoreError: as ``catch_up``.
+        """
+        try:
+            return catch_up(self.store, self.state)
+        except LogCompactedError as e:
+            return self._reopen(e.snapshot)
+
+    def _reopen(self, snapshot: int) -> float:
+        """Replaces the state, older than the retained log, by the stream opened from the
+        newest snapshot (at ``snapshot`` or later). The entry is then built on that."""
+        t = time.monotonic()
+        fresh = load_state(self.store, self.store.uri, start=snapshot)
+        if fresh.version <= self.state.version:
+            raise CorruptLogError(
+                f"{self.store.uri}: log version {self.state.version + 1} is compacted, yet "
+                f"the newest snapshot found is at version {fresh.version}")
+        log.info("the view of %s at version %d was older than the retained log; reopened "
+                 "at version %d", self.store.uri, self.state.version, fresh.version)
+        self.state = fresh
+        return t
+
+    def _landed_compacted(self, version: int, entry: Entry, attempts: int, conflicts: int,
+                          t0: float, tombstone: Compacted) -> Landed:
+        """An earlier attempt whose outcome was unknown had landed at ``version``, and gc has
+        since compacted it: the stream opened from the newest snapshot holds it."""
+        try:
+            self._reopen(tombstone.snapshot)
+        except LakestreamError:
+            pass  # it landed all the same; the caller's view stays as old as it was
+        result = CommitResult(version, entry, attempts, conflicts, time.monotonic() - t0, 0.0)
+        return Landed(result, self.state)
 
     def _refused(self, error: LakestreamError, unknown: bool) -> Rejected | Unknown:
         """Refused, definitely, unless an earlier attempt's outcome is still unknown."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from lakestream.errors import CorruptLogError, NotFoundError
+from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError
 from lakestream.fragment import FragmentReader
 from lakestream.log import decode_entry, log_key
 from lakestream.replay import ReplayState
@@ -32,6 +32,55 @@ def _snapshot_versions(store: ObjectStore) -> list[int]:
         except ValueError:
             continue
     return sorted(out)
+
+
+def _oldest_snapshot(store: ObjectStore, snapshots: list[int], at_least: int,
+                     report: VerifyReport) -> ReplayState | None:
+    """The oldest readable snapshot at or after version ``at_least``; None if none is."""
+    for v in snapshots:
+        if v < at_least:
+            continue
+        try:
+            return decode_snapshot(v, store.get(snapshot_key(v)), store.get)
+        except (CorruptLogError, NotFoundError) as e:
+            report.problems.append(str(e))
+    report.problems.append(f"no readable snapshot at or after version {at_least} to start "
+                           "replay from (the log before it is compacted)")
+    return None
+
+
+def _replay(store: ObjectStore, state: ReplayState, wanted: set[int],
+            report: VerifyReport) -> bool:
+    """Replays the log after ``state`` into it, comparing each snapshot in ``wanted``;
+    False if it stopped at a damaged entry (nothing past it can be replayed).
+
+    Raises:
+        LogCompactedError: the log holds a tombstone after ``state``.
+    """
+    while True:
+        v = state.version + 1
+        try:
+            data = store.get(log_key(v))
+            state.apply(v, decode_entry(v, data))
+        except NotFoundError:
+            return True
+        except CorruptLogError as e:
+            report.problems.append(str(e))
+            return False
+        report.entries += 1
+        if not strict_json(data):
+            report.problems.append(
+                f"log version {v} holds NaN or Infinity, which is not JSON: Delta readers "
+                "(Spark, delta-rs, DuckDB) reject the entry; it was written before states "
+                "were checked, and stays readable here")
+        if v in wanted:
+            report.snapshots += 1
+            key = snapshot_key(v)
+            try:
+                if _summary(decode_snapshot(v, store.get(key), store.get)) != _summary(state):
+                    report.problems.append(f"snapshot {key} differs from the replay of the log")
+            except (CorruptLogError, NotFoundError) as e:
+                report.problems.append(str(e))
 
 
 def strict_json(data: bytes) -> bool:
@@ -63,48 +112,25 @@ def verify(store: ObjectStore) -> VerifyReport:
     """
     report = VerifyReport()
     snapshots = _snapshot_versions(store)
-    state = ReplayState()
+    state: ReplayState | None = ReplayState()
     try:
         store.head(log_key(0))
     except NotFoundError:
         if not snapshots:
             raise NotFoundError(f"no stream at {store.uri}: it has no log version 0 and no "
                                 "snapshot") from None
-        # gc compacted the log: start from the oldest snapshot.
-        for v in snapshots:
-            try:
-                state = decode_snapshot(v, store.get(snapshot_key(v)), store.get)
-                break
-            except (CorruptLogError, NotFoundError) as e:
-                report.problems.append(str(e))
-        else:
-            report.problems.append("no log version 0 and no readable snapshot to start from")
-            return report
-    wanted = {v for v in snapshots if v > state.version}
-    while True:
-        v = state.version + 1
+        state = _oldest_snapshot(store, snapshots, 0, report)
+    sound = False
+    while state is not None:
         try:
-            data = store.get(log_key(v))
-            state.apply(v, decode_entry(v, data))
-        except NotFoundError:
+            sound = _replay(store, state, {v for v in snapshots if v > state.version}, report)
             break
-        except CorruptLogError as e:
-            report.problems.append(str(e))
-            return report  # nothing past a damaged entry can be replayed
-        report.entries += 1
-        if not strict_json(data):
-            report.problems.append(
-                f"log version {v} holds NaN or Infinity, which is not JSON: Delta readers "
-                "(Spark, delta-rs, DuckDB) reject the entry; it was written before states "
-                "were checked, and stays readable here")
-        if v in wanted:
-            report.snapshots += 1
-            key = snapshot_key(v)
-            try:
-                if _summary(decode_snapshot(v, store.get(key), store.get)) != _summary(state):
-                    report.problems.append(f"snapshot {key} differs from the replay of the log")
-            except (CorruptLogError, NotFoundError) as e:
-                report.problems.append(str(e))
+        except LogCompactedError as e:
+            # gc compacted the log up to here: start again from a snapshot past it.
+            state = _oldest_snapshot(store, snapshots, e.version, report)
+            report.entries = report.snapshots = 0
+    if state is None or not sound:
+        return report
     reader = FragmentReader(store, cache_size=0)
     for f in state.all_fragments():
         report.fragments += 1
