@@ -1,22 +1,36 @@
-"""The local-filesystem store: atomic create by hard link, atomic overwrite by rename."""
+"""The local-filesystem store: atomic create by hard link, atomic overwrite by rename, and
+never a step through a symbolic link inside the stream's folder."""
 
 from __future__ import annotations
 
 import errno
 import itertools
 import os
+import stat
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import BinaryIO
 
-from lakestream.errors import AlreadyExistsError, NotFoundError, StoreError
+from lakestream.errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    PermissionDeniedError,
+    StoreError,
+)
 from lakestream.store.base import ObjectMeta, PutMode, check_key
 
 TMP_PREFIX = ".tmp-"
 
-
 _UNNAMED = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
 """Linux: a create writes an unnamed file (``O_TMPFILE``) and links it into place."""
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+
+
+class LinkError(OSError):
+    """A path inside the stream's folder is a symbolic link (or not a folder where one is
+    needed): the store does not follow it."""
 
 
 class LocalStore:
@@ -27,6 +41,12 @@ class LocalStore:
     processes. On Linux the file has no name until then (``O_TMPFILE``): a killed writer
     leaves nothing. Elsewhere, and for overwrites (renamed into place), it is a temp file
     whose name starts with ``.tmp-``; LIST skips those and gc removes them.
+
+    Every object is reached from the root one folder at a time, each opened with
+    ``O_NOFOLLOW``: a symbolic link anywhere under the root (``data/`` made a link to
+    another folder, a fragment that is a link to a file elsewhere) is never followed, so
+    nothing outside the root is read, written or deleted through the store (a link itself
+    may be deleted). The root's own path may hold links: it is the operator's choice.
     """
 
     def __init__(self, root: str, *, fsync: bool = False) -> None:
@@ -40,8 +60,78 @@ class LocalStore:
     def uri(self) -> str:
         return self.root
 
-    def _path(self, key: str) -> str:
-        return os.path.join(self.root, *check_key(key).split("/"))
+    # -- reaching a folder without following links -----------------------------------------
+
+    def _folder(self, parts: list[str], *, create: bool) -> int:
+        """A descriptor of the folder ``parts`` under the root, opened one component at a
+        time without following links (made on the way with ``create``).
+
+        Raises:
+            FileNotFoundError: a folder on the way is missing (and not ``create``).
+            LinkError: a component is a link or not a folder.
+        """
+        try:
+            fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except FileNotFoundError:
+            if not create:
+                raise
+            os.makedirs(self.root, exist_ok=True)
+            fd = os.open(self.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            for part in parts:
+                try:
+                    child = os.open(part, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, dir_fd=fd)
+                    except FileExistsError:
+                        pass  # made by another writer meanwhile
+                    child = os.open(part, _DIR, dir_fd=fd)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise LinkError(e.errno, f"{part} is a link or not a folder") from None
+                    raise
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @contextmanager
+    def _at(self, key: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+        """The descriptor of ``key``'s folder and its name there."""
+        *parts, name = check_key(key).split("/")
+        fd = self._folder(parts, create=create)
+        try:
+            yield fd, name
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def _errors(self, doing: str, key: str) -> Iterator[None]:
+        """Maps the file system's errors onto the store's: every one a LakestreamError."""
+        where = f"{self.root}/{key}"
+        try:
+            yield
+        except FileExistsError:
+            raise AlreadyExistsError(f"{where} already exists") from None
+        except FileNotFoundError:
+            raise NotFoundError(f"{where} does not exist") from None
+        except LinkError as e:
+            raise StoreError(f"{doing} {where} refused: {e.strerror}; the local store follows "
+                             "no links inside the stream's folder") from None
+        except PermissionError as e:
+            raise PermissionDeniedError(f"{doing} {where}: {e}") from e
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StoreError(f"{doing} {where} refused: it is a symbolic link, which the "
+                                 "local store does not follow") from None
+            raise StoreError(f"{doing} {where} failed: {e}") from e
+
+    # -- writing -----------------------------------------------------------------------
 
     def _write(self, fd: int, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
@@ -50,136 +140,135 @@ class LocalStore:
         if self.fsync:
             os.fsync(fd)
 
-    def _open_folder(self, folder: str) -> int:
-        """A descriptor of ``folder``, created on first use (not checked on every put)."""
-        try:
-            return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            os.makedirs(folder, exist_ok=True)
-            return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-
-    def _create_unnamed(self, path: str, data: bytes | memoryview) -> bool:
-        """Writes ``data`` as an unnamed file in ``path``'s folder and links it to ``path``;
+    def _create_unnamed(self, dfd: int, name: str, data: bytes | memoryview) -> bool:
+        """Writes ``data`` as an unnamed file in folder ``dfd`` and links it to ``name``;
         False if the file system cannot make unnamed files (nothing is written then)."""
-        folder, name = os.path.split(path)
-        dfd = self._open_folder(folder)
         try:
-            try:
-                fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
-            except OSError as e:
-                if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                    self._unnamed = False
-                    return False
-                raise
-            try:
-                self._write(fd, data)
-                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
-            finally:
-                os.close(fd)
+            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=dfd)
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                self._unnamed = False
+                return False
+            raise
+        try:
+            self._write(fd, data)
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
         finally:
-            os.close(dfd)
+            os.close(fd)
         return True
 
-    def _write_temp(self, path: str, data: bytes | memoryview) -> str:
-        folder = os.path.dirname(path)
-        tmp = os.path.join(folder, f"{self._tmp_prefix}-{os.getpid()}-{next(self._tmp_count)}")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        try:
-            fd = os.open(tmp, flags, 0o644)
-        except FileNotFoundError:
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(tmp, flags, 0o644)
+    def _write_temp(self, dfd: int, data: bytes | memoryview) -> str:
+        """Writes ``data`` to a new temp file in folder ``dfd``; returns its name."""
+        tmp = f"{self._tmp_prefix}-{os.getpid()}-{next(self._tmp_count)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644, dir_fd=dfd)
         try:
             self._write(fd, data)
         except BaseException:
             os.close(fd)
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dfd)
             raise
         os.close(fd)
         return tmp
 
-    def _rel(self, folder: str) -> str:
-        rel = os.path.relpath(folder, self.root).replace(os.sep, "/")
-        return "" if rel == "." else rel + "/"
-
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> None:
-        path = self._path(key)
-        try:
-            if mode == "create" and self._unnamed and self._create_unnamed(path, data):
+        with self._errors("writing", key), self._at(key, create=True) as (dfd, name):
+            if mode == "create" and self._unnamed and self._create_unnamed(dfd, name, data):
                 return
-            tmp = self._write_temp(path, data)
+            tmp = self._write_temp(dfd, data)
             try:
                 if mode == "create":
-                    os.link(tmp, path)
+                    os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
                 else:
-                    os.replace(tmp, path)
+                    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
                     tmp = ""
             finally:
                 if tmp:
-                    os.unlink(tmp)
-        except FileExistsError:
-            raise AlreadyExistsError(f"{self.root}/{key} already exists") from None
-        except OSError as e:
-            raise StoreError(f"writing {self.root}/{key} failed: {e}") from e
+                    os.unlink(tmp, dir_fd=dfd)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _open(self, dfd: int, name: str) -> int:
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=dfd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise LinkError(errno.EISDIR, f"{name} is not a file")
+        return fd
 
     def get(self, key: str) -> bytes:
-        try:
-            with open(self._path(key), "rb") as f:
+        with self._errors("reading", key), self._at(key) as (dfd, name):
+            with os.fdopen(self._open(dfd, name), "rb") as f:
                 return f.read()
-        except FileNotFoundError:
-            raise NotFoundError(f"{self.root}/{key} does not exist") from None
-        except OSError as e:
-            raise StoreError(f"reading {self.root}/{key} failed: {e}") from e
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
-        try:
-            with open(self._path(key), "rb") as f:
-                f.seek(start)
-                return f.read(max(0, end - start))
-        except FileNotFoundError:
-            raise NotFoundError(f"{self.root}/{key} does not exist") from None
+        with self._errors("reading", key), self._at(key) as (dfd, name):
+            fd = self._open(dfd, name)
+            try:
+                return os.pread(fd, max(0, end - start), start)
+            finally:
+                os.close(fd)
 
     def head(self, key: str) -> ObjectMeta:
-        try:
-            st = os.stat(self._path(key))
-        except FileNotFoundError:
-            raise NotFoundError(f"{self.root}/{key} does not exist") from None
+        with self._errors("reading", key), self._at(key) as (dfd, name):
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         return ObjectMeta(key, st.st_size, st.st_mtime)
 
+    def open_input(self, key: str, size: int | None = None) -> BinaryIO:
+        with self._errors("reading", key), self._at(key) as (dfd, name):
+            return os.fdopen(self._open(dfd, name), "rb")
+
+    # -- listing and deleting ------------------------------------------------------------
+
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
-        base = os.path.join(self.root, *[p for p in prefix.split("/") if p])
-        found: list[ObjectMeta] = []
-        for folder, _dirs, files in os.walk(base):
-            rel = self._rel(folder)
-            for name in files:
-                if name.startswith(TMP_PREFIX):
-                    continue
-                try:
-                    st = os.stat(os.path.join(folder, name))
-                except FileNotFoundError:
-                    continue
-                found.append(ObjectMeta(rel + name, st.st_size, st.st_mtime))
-        found.sort(key=lambda m: m.key)
-        yield from found
+        return self._walk(prefix, temp=False)
 
     def list_temp(self, prefix: str) -> Iterator[ObjectMeta]:
         """Yields temp files a killed writer left under ``prefix`` (for gc)."""
-        base = os.path.join(self.root, *[p for p in prefix.split("/") if p])
-        for folder, _dirs, files in os.walk(base):
-            rel = self._rel(folder)
-            for name in files:
-                if name.startswith(TMP_PREFIX):
-                    st = os.stat(os.path.join(folder, name))
-                    yield ObjectMeta(rel + name, st.st_size, st.st_mtime)
+        return self._walk(prefix, temp=True)
+
+    def _walk(self, prefix: str, *, temp: bool) -> Iterator[ObjectMeta]:
+        """The objects under ``prefix`` in key order (``temp``: the temp files instead). A
+        file renamed or removed between listing its folder and reading its size (a
+        concurrent overwrite's temp file, a concurrent delete) is skipped: LIST shows what
+        was there when it was taken. Links are listed as what they are (objects the size of
+        the link), never followed into.
+
+        Raises:
+            StoreError: a folder cannot be read, or a folder of ``prefix`` is a link.
+        """
+        parts = [p for p in prefix.split("/") if p]
+        found: list[ObjectMeta] = []
+        with self._errors("listing", prefix or "."):
+            try:
+                top = self._folder(parts, create=False)
+            except FileNotFoundError:
+                return iter(())
+            def fail(e: OSError) -> None:
+                if not isinstance(e, FileNotFoundError):  # a folder gone meanwhile: empty
+                    raise e
+
+            try:
+                for folder, _dirs, files, dfd in os.fwalk(".", onerror=fail, dir_fd=top,
+                                                          follow_symlinks=False):
+                    rel = "/".join([*parts, *folder.split("/")[1:]])
+                    rel = rel + "/" if rel else ""
+                    for name in files:
+                        if name.startswith(TMP_PREFIX) != temp:
+                            continue
+                        try:
+                            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue
+                        found.append(ObjectMeta(rel + name, st.st_size, st.st_mtime))
+            finally:
+                os.close(top)
+        found.sort(key=lambda m: m.key)
+        return iter(found)
 
     def delete(self, key: str) -> None:
+        """Deletes ``key`` (a link is deleted itself, never what it points at); deleting an
+        absent key is not an error."""
         try:
-            os.unlink(self._path(key))
-        except FileNotFoundError:
+            with self._errors("deleting", key), self._at(key) as (dfd, name):
+                os.unlink(name, dir_fd=dfd)
+        except NotFoundError:
             pass
-
-    def open_input(self, key: str, size: int | None = None) -> BinaryIO:
-        try:
-            return open(self._path(key), "rb")
-        except FileNotFoundError:
-            raise NotFoundError(f"{self.root}/{key} does not exist") from None
