@@ -3,7 +3,6 @@ replay it, from the log alone (docs/design.md §10)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,14 +10,12 @@ from typing import Any
 import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
+from lakestream.fragment import key_writer
 from lakestream.index import Fragment
-from lakestream.log import DATA_DIR
 from lakestream.replay import Marker, ReplayState
 
 POLICY_COLUMNS = ("policy_version", "policy_version_min", "policy_version_max")
 """The columns a sample's policy version is read from, those of them the stream has."""
-_KEY = re.compile(rf"{re.escape(DATA_DIR)}([^/]+)/(\d+)-(\d+)-[^/]*\.parquet")
-_ANONYMOUS = "_append"  # Stream.append's folder (stream.ANONYMOUS; stream ranks above this)
 
 ReadColumns = Callable[[Sequence[tuple[int, int]], list[str]], pa.Table]
 """Reads the given columns of the samples at offsets ``[lo, hi)`` of each span, in order."""
@@ -124,8 +121,5 @@ def step_lineage(state: ReplayState, step: int, read: ReadColumns, *, uri: str) 
 
 def fragment_writer(fragment: Fragment) -> tuple[str | None, int | None, int | None]:
     """``(producer, epoch, seq)`` of a fragment, from its path (see ``SampleLineage``)."""
-    m = _KEY.fullmatch(fragment.path)
-    if m is None:
-        return None, None, None
-    producer = None if m.group(1) == _ANONYMOUS else m.group(1)
-    return producer, int(m.group(2)), int(m.group(3))
+    writer = key_writer(fragment.path)
+    return (None, None, None) if writer is None else writer

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from lakestream.errors import CorruptLogError, NotFoundError, PermissionDeniedError, StoreError
 from lakestream.failpoints import failpoint
+from lakestream.fragment import key_writer
 from lakestream.inventory import unreferenced
 from lakestream.log import (
     LOG_DIR,
@@ -39,6 +40,11 @@ from lakestream.store.base import ObjectMeta, ObjectStore
 from lakestream.tail import read_entry
 
 T = TypeVar("T")
+IN_FLIGHT_MIN_AGE_S = 86_400.0
+"""Uploads a live producer may still commit (``_in_flight``) are kept at least this long
+whatever the grace: a grace shorter than a commit takes must not delete what the commit is
+about to name. A producer instance that crashed with such uploads leaves them until it
+restarts (its new epoch makes them deletable after the grace) or this age passes."""
 CLOCK_KEY = "_lakestream/_clock"
 COMPACTED_KEY = "_lakestream/_compacted"
 """``{"version": F}``: every log version below F is a tombstone (or, after its TTL, gone)."""
@@ -149,11 +155,14 @@ def _progress(items: list[T], label: str) -> Iterable[T]:
 
 
 def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
-            delta_checkpoint_version: int | None) -> GcReport:
+            delta_checkpoint_version: int | None, *, seen_at: float | None = None) -> GcReport:
     """Deletes, after ``grace_seconds`` by the store's clock: data files no live fragment
     references (reclaimed, void, or uploaded and never committed), temp files of killed
     local writers, and log entries and snapshots older than both the newest snapshot and
     the newest Delta checkpoint (so Lakestream and Delta readers still open the table).
+
+    Uploads a live producer may still commit are kept for ``IN_FLIGHT_MIN_AGE_S`` at least.
+    ``seen_at`` is the store's time before ``state`` was read (default: now).
 
     Idempotent and safe to kill at any point: it only deletes what nothing needs.
     """
@@ -164,9 +173,12 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
     cutoff = now - grace_seconds
     protected = _protected_by_recent_reclaims(store, state, cutoff)
     doomed = []
+    in_flight_cutoff = now - max(grace_seconds, IN_FLIGHT_MIN_AGE_S)
     try:
         for meta in unreferenced(store, state):
-            if meta.last_modified <= cutoff and meta.key not in protected:
+            in_flight = _in_flight(state, meta, now if seen_at is None else seen_at)
+            old = meta.last_modified <= (in_flight_cutoff if in_flight else cutoff)
+            if old and meta.key not in protected:
                 doomed.append(meta)
             else:
                 report.kept_in_grace += 1
@@ -187,6 +199,25 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
             report.skipped.append(f"temp files: {e}")
     _compact(store, state, now, cutoff, delta_checkpoint_version, report)
     return report
+
+
+def _in_flight(state: ReplayState, meta: ObjectMeta, seen_at: float) -> bool:
+    """Whether ``meta`` may be an upload its producer has yet to commit: the producer's
+    current (or a newer) epoch, a seq past the last it committed. Files of a fenced epoch,
+    or with a seq already committed, can never be committed (replay voids them), so only
+    the grace protects them; ``Stream.append`` commits in the call that uploads. A producer
+    the state does not know fenced after ``seen_at`` (store time, before the state was
+    read): its files are in flight unless they are older than that (foreign files)."""
+    writer = key_writer(meta.key)
+    if writer is None:
+        return False
+    producer, epoch, seq = writer
+    if producer is None:
+        return False
+    p = state.producers.get(producer)
+    if p is None:
+        return meta.last_modified > seen_at
+    return epoch >= p.epoch and seq > p.seq
 
 
 def _delete(store: ObjectStore, key: str, report: GcReport) -> bool:

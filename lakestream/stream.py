@@ -19,6 +19,7 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.fragment import (
+    ANONYMOUS,
     FragmentCache,
     FragmentReader,
     encode_fragment,
@@ -53,6 +54,7 @@ from lakestream.retention import (
     group_holds,
     reclaim_entry,
     retention_point,
+    store_now,
 )
 from lakestream.schema import conform, validate_schema
 from lakestream.snapshot import load_state, rebase, replay_log, write_snapshot
@@ -71,9 +73,6 @@ from lakestream.transaction import (
 )
 
 log = logging.getLogger("lakestream")
-
-ANONYMOUS = "_append"
-"""The data folder of ``Stream.append`` (plain appends belong to no producer)."""
 
 
 class Stream:
@@ -496,9 +495,10 @@ class Stream:
         so other engines open the table fast and old entries can go; without one the log is
         kept whole. Killing gc at any point leaves a readable stream; run it again.
         """
+        seen_at = store_now(self.store)  # before the state gc works from is read
         self.refresh()
         version = self._write_delta_checkpoint() if delta_checkpoint else None
-        return collect(self.store, self._state, grace_seconds, version)
+        return collect(self.store, self._state, grace_seconds, version, seen_at=seen_at)
 
     def _write_delta_checkpoint(self) -> int | None:
         try:

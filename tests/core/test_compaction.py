@@ -196,3 +196,26 @@ def test_poll_catches_up_as_fast_as_refresh(tmp_path) -> None:
     assert stale[1].poll() == 300
     t_poll = time.monotonic() - t0
     assert t_poll < 1.5 * t_refresh + 0.05, (t_poll, t_refresh)
+
+
+def test_gc_with_a_short_grace_keeps_what_a_live_producer_has_yet_to_commit(tmp_path) -> None:
+    from lakestream.fragment import fragment_key
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
+    p = Producer(s.uri, "slow")
+    p.write(rows(0, 4))
+    p.flush()
+    epoch = p.epoch
+    # Uploaded by the live instance, not committed yet (its commit is slow): in flight.
+    pending = fragment_key("slow", epoch, 7)
+    s.store.put(pending, b"an upload the committer is about to name")
+    # A fenced epoch's upload and a seq already committed can never be committed.
+    fenced = fragment_key("slow", epoch - 1, 5)
+    s.store.put(fenced, b"a zombie's upload")
+    duplicate = fragment_key("slow", epoch, 0)
+    s.store.put(duplicate, b"a re-sent seq")
+    time.sleep(1.1)
+    report = s.gc(grace_seconds=1)
+    left = {m.key for m in s.store.list("data/")}
+    assert pending in left and fenced not in left and duplicate not in left, report
+    p.close()
