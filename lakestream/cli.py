@@ -7,12 +7,14 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import re
 import signal
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
@@ -21,8 +23,18 @@ from lakestream.errors import LakestreamError
 from lakestream.lineage import SampleLineage, StepLineage
 from lakestream.log import check_group
 from lakestream.progress import delete_progress, progress_exists, read_progress
-from lakestream.status import groups, print_groups, print_status, removal_effect, status
+from lakestream.status import (
+    groups,
+    human_bytes,
+    plural,
+    print_groups,
+    print_status,
+    printable,
+    removal_effect,
+    status,
+)
 from lakestream.store import open_store
+from lakestream.store.s3_options import is_secret, setting
 from lakestream.stream import Stream
 from lakestream.verify import verify
 
@@ -66,43 +78,68 @@ def parse_schema(text: str) -> pa.Schema:
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``30s``, ``10m``, ``1h``, ``2d`` as seconds.
+    """``90`` (seconds), ``30s``, ``10m``, ``1h``, ``2d`` as seconds.
 
     Raises:
         argparse.ArgumentTypeError: not a duration.
     """
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not m:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 30s, 10m, 1h)")
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (seconds, or e.g. 30s, 10m, 1h, 2d)")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
-def parse_option(text: str) -> tuple[str, str]:
-    """``KEY=VALUE`` (a storage option) as a pair.
-
-    Raises:
-        argparse.ArgumentTypeError: there is no ``=`` or no key.
-    """
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(
-            f"storage option {text!r} is not KEY=VALUE (e.g. -o AWS_ENDPOINT_URL=http://...)")
-    return key.strip(), value
-
-
 def parse_interval(text: str) -> float:
-    """A positive number of seconds.
+    """A positive duration (``parse_duration``) as seconds.
 
     Raises:
-        argparse.ArgumentTypeError: not a positive number.
+        argparse.ArgumentTypeError: not a positive duration.
     """
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+        value = parse_duration(text)
+    except argparse.ArgumentTypeError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"not a positive number of seconds: {text!r} (seconds, or e.g. 0.5, 2s, 1m)")
     return value
+
+
+def parse_option(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (a storage option) as a pair. A secret (``AWS_SECRET_ACCESS_KEY``,
+    ``AWS_SESSION_TOKEN``) is refused: on a command line every user of the machine sees it
+    in the process list, and the shell keeps it in its history. No message shows a value.
+
+    Raises:
+        argparse.ArgumentTypeError: there is no ``=`` or no key, or the key is a secret's.
+    """
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        shown = re.sub(r"[^A-Za-z0-9_.-].*", "...", text, flags=re.DOTALL)  # never a value
+        raise argparse.ArgumentTypeError(
+            f"storage option {shown!r} is not KEY=VALUE (e.g. -o AWS_ENDPOINT_URL=http://...)")
+    if is_secret(key):
+        variable = "AWS_" + setting(key).upper()
+        raise argparse.ArgumentTypeError(
+            f"{printable(key)} is not taken on the command line, where every user of the "
+            f"machine sees it in the process list and the shell keeps it in its history: "
+            f"export {variable} in the environment instead, or name a profile of "
+            "~/.aws/credentials with AWS_PROFILE (docs/deployment.md, Credentials)")
+    return key, value
+
+
+def parse_group(text: str) -> str:
+    """A consumer group's name (``lakestream.log.check_group``).
+
+    Raises:
+        argparse.ArgumentTypeError: not a valid group name.
+    """
+    try:
+        return check_group(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(printable(e)) from None
 
 
 def _options(args: argparse.Namespace) -> dict[str, str] | None:
@@ -114,7 +151,12 @@ def tail(stream: Stream, interval: float, count: int, group: str, as_json: bool)
 
     Ctrl-C (SIGINT) ends it between lines, as ``KeyboardInterrupt``: raised anywhere else, in
     the middle of a read with the shared thread pool, it could leave the pool's lock taken
-    and the process hung at exit."""
+    and the process hung at exit.
+
+    Raises:
+        ValueError: ``group`` is not a valid group name.
+    """
+    check_group(group)
     interrupted = threading.Event()
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
@@ -147,7 +189,8 @@ def _tail(stream: Stream, interval: float, count: int, group: str, as_json: bool
                                             in sorted(stream.producers.items())}}),
                   flush=True)
             continue
-        producers = " ".join(f"{p}:{e}/{q}" for p, (e, q, _) in sorted(stream.producers.items()))
+        producers = " ".join(f"{printable(p)}:{e}/{q}"
+                             for p, (e, q, _) in sorted(stream.producers.items()))
         print(f"{time.strftime('%H:%M:%S')} version {stream.version} steps {stream.num_steps} "
               f"samples {stream.num_samples} ({rate:.0f}/s) {group} lag "
               f"{'-' if lag is None else lag} | {producers}", flush=True)
@@ -162,15 +205,17 @@ def _policy(samples: list[SampleLineage]) -> str:
     try:
         low, high = min(values), max(values)
     except TypeError:  # values without an order (structs): list the distinct ones
-        return ",".join(sorted({str(v) for v in values}))
-    return str(low) if low == high else f"{low}..{high}"
+        return ",".join(sorted({printable(v) for v in values}))
+    return printable(low) if low == high else f"{printable(low)}..{printable(high)}"
 
 
 def lineage_text(lin: StepLineage) -> str:
     """``lakestream lineage``'s table: a line per run of samples from one fragment, then the
-    markers that replay the step."""
+    markers that replay the step. What the log holds (paths, producers, policy versions,
+    groups, checkpoint ids) is escaped (``printable``)."""
     lo, hi = lin.offsets
-    lines = [f"step {lin.step} of {lin.uri}: offsets [{lo}, {hi}), as of version {lin.version}"]
+    lines = [f"step {lin.step} of {printable(lin.uri)}: offsets [{lo}, {hi}), as of version "
+             f"{lin.version}"]
     if lin.reclaimed:
         lines.append("reclaimed by retention: its samples are gone and no marker replays it")
         return "\n".join(lines)
@@ -181,13 +226,14 @@ def lineage_text(lin: StepLineage) -> str:
         x = xs[0]
         span = f"[{x.offset}, {xs[-1].offset + 1})"
         producer = "(append)" if x.producer is None and x.epoch is not None else \
-            x.producer or "?"
+            printable(x.producer or "?")
         lines.append(f"  {span:<17} {len(xs):>7}  {producer:<16} {_dash(x.epoch):>5} "
-                     f"{_dash(x.seq):>6} {x.version:>7}  {_policy(xs):<9} {path}")
+                     f"{_dash(x.seq):>6} {x.version:>7}  {_policy(xs):<9} {printable(path)}")
     if lin.markers:
         lines.append(f"markers that replay it (resume at or before step {lin.step}):")
-        lines += [f"  {m.group:<16} step {m.step:<8} checkpoint {m.checkpoint_id or '-'} "
-                  f"(version {m.version})" for m in lin.markers]
+        lines += [f"  {printable(m.group):<16} step {m.step:<8} checkpoint "
+                  f"{printable(m.checkpoint_id or '-')} (version {m.version})"
+                  for m in lin.markers]
     else:
         lines.append(f"no checkpoint marker at or before step {lin.step}: no group can resume "
                      "from one and replay it")
@@ -203,49 +249,88 @@ groups, follow it live, trace a step to the producers and checkpoints behind it,
 reclaim and delete what no checkpoint needs, run the demo. Every command that prints results
 takes --json."""
 
+EPILOG = """S3 credentials come from the environment (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), an AWS profile (AWS_PROFILE, or the default
+profile of ~/.aws/credentials), or an instance or container role; -o takes the other
+storage options (AWS_ENDPOINT_URL, AWS_REGION, AWS_ALLOW_HTTP, ...), never a secret."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose messages never show the value of a ``KEY=VALUE`` argument: a
+    mistyped ``-o`` (``-O AWS_...=...``, or the ``-o`` left out) would print it."""
+
+    _given: Sequence[str] = ()
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        for given in sorted(set(self._given), key=len, reverse=True):
+            key, sep, value = given.partition("=")
+            if sep and value:
+                message = message.replace(given, f"{key}=...")
+        super().error(message)
+
+
+_KEEP_LAST = "how many of each group's last checkpoint markers retention keeps " \
+    "(default: %(default)s)"
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lakestream", description=DESCRIPTION)
+    parser = _Parser(prog="lakestream", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"lakestream {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("create", help="create a stream")
     p.add_argument("uri")
     p.add_argument("--schema", required=True, help="e.g. 'id:int64,tokens:list<int32>'")
     p.add_argument("--global-batch-size", type=int, required=True)
-    p.add_argument("--group-size", type=int, default=1)
-    p.add_argument("--snapshot-interval", type=int, default=100)
+    p.add_argument("--group-size", type=int, default=1, help="default: %(default)s")
+    p.add_argument("--snapshot-interval", type=int, default=100, help="default: %(default)s")
     p = sub.add_parser("status", help="show a stream's state and every consumer group")
     p.add_argument("uri")
-    p.add_argument("--keep-last", type=int, default=2, help="for the retention point shown")
+    p.add_argument("--keep-last", type=int, default=2, help=_KEEP_LAST + ", for the "
+                   "retention point shown")
     p = sub.add_parser("group", help="list consumer groups, or remove one")
     p.add_argument("action", choices=["list", "rm"])
     p.add_argument("uri")
-    p.add_argument("group", nargs="?", help="the group to remove (rm)")
-    p.add_argument("--keep-last", type=int, default=2, help="for the retention shown")
+    p.add_argument("group", nargs="?", type=parse_group, help="the group to remove (rm)")
+    p.add_argument("--keep-last", type=int, default=2, help=_KEEP_LAST + ", for the "
+                   "retention shown")
     p = sub.add_parser("retain", help="reclaim data no retained checkpoint needs")
     p.add_argument("uri")
-    p.add_argument("--keep-last", type=int, default=2)
+    p.add_argument("--keep-last", type=int, default=2, help=_KEEP_LAST)
     p = sub.add_parser("gc", help="delete reclaimed and orphaned files after a grace period")
     p.add_argument("uri")
-    p.add_argument("--grace", type=parse_duration, default=3600.0, help="e.g. 30s, 10m, 1h")
+    p.add_argument("--grace", type=parse_duration, default=3600.0,
+                   help="how long after it was reclaimed or written a file is kept: seconds, "
+                   "or e.g. 30s, 10m, 1h, 2d (default: 1h)")
     p = sub.add_parser("tail", help="follow a stream live: new steps, producers, lag")
     p.add_argument("uri")
     p.add_argument("--interval", type=parse_interval, default=1.0,
-                   help="seconds between lines (positive)")
-    p.add_argument("--count", type=int, default=0, help="stop after this many lines (0: never)")
-    p.add_argument("--group", default="train", help="the consumer group whose lag is shown")
+                   help="time between lines: seconds, or e.g. 2s, 1m (default: 1 s)")
+    p.add_argument("--count", type=int, default=0,
+                   help="stop after this many lines (default: 0, never)")
+    p.add_argument("--group", default="train", type=parse_group,
+                   help="the consumer group whose lag is shown (default: %(default)s)")
     p = sub.add_parser("lineage", help="which producers, fragments, policy versions and "
                        "checkpoint markers are behind a step")
     p.add_argument("uri")
     p.add_argument("--step", type=int, required=True, help="the global batch to trace")
     p = sub.add_parser("verify", help="read and check every log entry, snapshot and fragment")
     p.add_argument("uri")
-    sub.add_parser("demo", help="run producers and a trainer on a local stream (needs torch)")
+    sub.add_parser("demo", help="run producers and a trainer on a local stream of its own "
+                   "(needs torch); takes no options")
     for name, p in sub.choices.items():
+        if name == "demo":
+            continue
         p.add_argument("-o", "--option", action="append", default=[], type=parse_option,
-                       help="storage option KEY=VALUE (e.g. AWS_ENDPOINT_URL=...)")
-        if name != "demo":
-            p.add_argument("--json", action="store_true", help="print JSON for scripts")
+                       help="storage option KEY=VALUE (e.g. AWS_ENDPOINT_URL=...); never a "
+                       "secret: credentials come from the environment or an AWS profile")
+        p.add_argument("--json", action="store_true", help="print JSON for scripts")
     return parser
 
 
@@ -264,28 +349,34 @@ def _run(args: argparse.Namespace) -> int:
                           storage_options=_options(args))
         _out(args, {"uri": s.uri, "global_batch_size": s.global_batch_size,
                     "group_size": s.group_size, "version": s.version},
-             f"created {s.uri} (B={s.global_batch_size}, G={s.group_size})")
+             f"created {printable(s.uri)} (B={s.global_batch_size}, G={s.group_size})")
     elif args.command == "retain":
         stream = opened()
         version = stream.retain(keep_last=args.keep_last)
         _out(args, {"version": version, "reclaimed_below_offset": stream.state.reclaimed_below},
              "nothing to reclaim" if version is None else
-             f"reclaimed below offset {stream.state.reclaimed_below} at version {version}")
+             f"reclaimed below step {stream.state.reclaimed_below // stream.global_batch_size} "
+             f"(offset {stream.state.reclaimed_below}) at version {version}")
     elif args.command == "gc":
         report = opened().gc(grace_seconds=args.grace)
         _out(args, dataclasses.asdict(report),
-             f"deleted {report.data_files} data files ({report.data_bytes} bytes), "
-             f"{report.log_entries} log entries, {report.delta_checkpoints} Delta "
-             f"checkpoints, {report.snapshots} snapshots ({report.index_segments} index "
-             f"segments), {report.temp_files} temp files; {report.kept_in_grace} kept in grace")
+             f"deleted {plural(report.data_files, 'data file')} "
+             f"({human_bytes(report.data_bytes)}), "
+             f"{plural(report.log_entries, 'log entry', 'log entries')}, "
+             f"{plural(report.delta_checkpoints, 'Delta checkpoint')}, "
+             f"{plural(report.snapshots, 'snapshot')} "
+             f"({plural(report.index_segments, 'index segment')}), "
+             f"{plural(report.temp_files, 'temp file')}; {report.kept_in_grace} kept for the "
+             f"grace period ({args.grace:g} s)")
     elif args.command == "verify":
         checked = verify(open_store(args.uri, _options(args)))
-        verdict = f"{len(checked.problems)} problems" if checked.problems else "sound"
+        verdict = plural(len(checked.problems), "problem") if checked.problems else "sound"
         _out(args, {"entries": checked.entries, "snapshots": checked.snapshots,
                     "fragments": checked.fragments, "problems": checked.problems},
-             "".join(f"damaged: {line}\n" for line in checked.problems)
-             + f"checked {checked.entries} log entries, {checked.snapshots} snapshots, "
-             f"{checked.fragments} fragments: {verdict}")
+             "".join(f"damaged: {printable(line)}\n" for line in checked.problems)
+             + f"checked {plural(checked.entries, 'log entry', 'log entries')}, "
+             f"{plural(checked.snapshots, 'snapshot')}, "
+             f"{plural(checked.fragments, 'fragment')}: {verdict}")
         return 1 if checked.problems else 0
     elif args.command == "lineage":
         lin = opened().lineage(args.step)
@@ -338,30 +429,50 @@ def _group(args: argparse.Namespace, stream: Stream) -> int:
     else:
         text = (f"it held data from step {held}: retention (keep_last={args.keep_last}) "
                 f"moves from step {effect['retention_step_before']} to "
-                f"{effect['retention_step_after']}, {effect['released_fragments']} fragments "
-                f"({effect['released_bytes']} bytes) become reclaimable by retain")
+                f"{effect['retention_step_after']}, "
+                f"{plural(effect['released_fragments'], 'fragment')} "
+                f"({human_bytes(effect['released_bytes'])}) become reclaimable by retain")
     text = f"removed group {group!r} at version {version}; {text}"
     _out(args, {"group": group, "version": version, **effect}, text)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs a command; returns its exit status: 0, 1 (verify found damage), 2 (an error,
+    said on stderr in one line), 130 (interrupted), 141 (the reader of stdout went away,
+    as ``lakestream ... | head`` does: quietly, as other Unix tools)."""
     args = _parser().parse_args(argv)
-    if args.command == "demo":
-        # The demo is an application on top of every layer; the core never imports it.
-        from lakestream.demo.job import main as demo
-
-        return demo()
     try:
-        return _run(args)
+        if args.command == "demo":
+            # The demo is an application on top of every layer; the core never imports it.
+            from lakestream.demo.job import main as demo
+
+            return demo()
+        code = _run(args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        _drop_stdout()
+        return 141
     except (LakestreamError, ValueError) as e:
-        print(f"lakestream {args.command}: {e}", file=sys.stderr)
+        print(f"lakestream {args.command}: {printable(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if args.command != "tail":  # Ctrl-C is how tail ends: quietly
             print(f"lakestream {args.command}: interrupted; a commit it was making may have "
                   "landed: see lakestream status", file=sys.stderr)
         return 130
+
+
+def _drop_stdout() -> None:
+    """Points stdout at /dev/null, so the interpreter's flush at exit does not fail on the
+    closed pipe again and print a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file (captured in-process)
+        pass
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 obstore is the Python binding of the Rust ``object_store`` crate that deltalake uses, so its
 configuration keys are deltalake's ``storage_options`` and one dict opens both. This is the
-only module that imports it: 412 becomes AlreadyExistsError, 404 NotFoundError, 401/403
-PermissionDeniedError, and every other failure, after the client's retries, StoreError.
+only module that imports it: 412 becomes AlreadyExistsError, 404 NotFoundError (naming
+the bucket when it is the bucket that is missing), 401/403 PermissionDeniedError (telling
+credentials the store did not accept, or none found, from a lack of permission), and every
+other failure, after the client's retries, StoreError; each keeps the S3 error code.
 boto3, when installed, only resolves credentials and region from an AWS profile (SSO,
-assume-role, credential_process) when the options or environment name one.
+assume-role, credential_process), the one the options or environment name, else the
+default one of a shared credentials file when nothing else names keys.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from __future__ import annotations
 import io
 import os
 import random
+import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, BinaryIO
+from xml.sax.saxutils import unescape
 
 import obstore
 from obstore.exceptions import (
@@ -51,10 +55,10 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.store.base import ObjectMeta, PutMode, check_key
+from lakestream.store.s3_options import S3Options, check_config, lookup, with_client_environment
 
-# Lakestream's own keys in storage_options, beside the object_store ones.
-_OWN_KEYS = {"lakestream_max_retries", "lakestream_read_buffer_bytes",
-             "lakestream_request_timeout_s"}
+__all__ = ["S3Options", "S3Store", "s3_filesystem"]
+
 _PROFILE_KEYS = ("aws_profile", "profile")
 
 _OWNER_PID: int | None = None
@@ -75,75 +79,53 @@ def _claim_runtime(uri: str) -> None:
             "which does)")
 
 
-@dataclass(frozen=True)
-class S3Options:
-    """How to reach the bucket: ``config`` is handed to obstore (deltalake's keys; what it
-    leaves unset comes from the ``AWS_*`` environment, then instance, container or web
-    identity credentials), and retries are bounded here."""
-
-    config: tuple[tuple[str, str], ...] = ()
-    max_retries: int = 8
-    """Retries per request for 5xx, 429, timeouts and dropped connections."""
-    backoff_init_s: float = 0.02
-    backoff_cap_s: float = 2.0
-    retry_timeout_s: float = 60.0
-    read_buffer_bytes: int = 1 << 20
-    """Bytes a Parquet reader fetches per ranged GET."""
-    connect_timeout_s: float = 5.0
-    request_timeout_s: float = 30.0
-    """A whole request, reply included: a connection that never answers is retried, never
-    waited on for ever. Large uploads go in parts; raise it for slow links
-    (``LAKESTREAM_REQUEST_TIMEOUT_S``)."""
-
-    def __post_init__(self) -> None:
-        if self.max_retries < 0 or self.read_buffer_bytes < 1:
-            raise ValueError("max_retries must be >= 0 and read_buffer_bytes >= 1")
-
-    @classmethod
-    def from_options(cls, options: dict[str, str] | None) -> S3Options:
-        """Splits deltalake-style ``storage_options`` into obstore's and Lakestream's own.
-
-        An AWS profile (``AWS_PROFILE`` as an option or in the environment) is resolved
-        through boto3, which knows SSO, assume-role and credential_process; its region is
-        used unless one is given.
-
-        Raises:
-            ValueError: a value of Lakestream's own keys is not a number.
-        """
-        given = {str(k): str(v) for k, v in (options or {}).items()}
-        own = {k.lower(): given.pop(k) for k in list(given) if k.lower() in _OWN_KEYS}
-        try:
-            retries = int(own.get("lakestream_max_retries", 8))
-            buffer = int(own.get("lakestream_read_buffer_bytes", 1 << 20))
-            timeout = float(own.get("lakestream_request_timeout_s", 30.0))
-        except ValueError as e:
-            raise ValueError(f"storage option: {e}") from None
-        return cls(tuple(sorted(given.items())), max_retries=retries, read_buffer_bytes=buffer,
-                   request_timeout_s=timeout)
-
-
 def _profile_credentials(config: dict[str, str]) -> tuple[dict[str, str], Any]:
-    """The profile's region and a credential provider, if a profile is named."""
+    """The region and a credential provider of the AWS profile named (``AWS_PROFILE``, an
+    option or in the environment), or, when nothing names keys, of the default profile of
+    the shared credentials file (``~/.aws/credentials``, or ``AWS_SHARED_CREDENTIALS_FILE``)
+    where there is one; ``(config, None)`` otherwise, for the client's own chain."""
     lower = {k.lower(): k for k in config}
     profile = next((config.pop(lower[k]) for k in _PROFILE_KEYS if k in lower), None)
     profile = profile or os.environ.get("AWS_PROFILE")
-    if not profile or {"aws_access_key_id", "access_key_id"} & set(lower):
+    if profile and {"aws_access_key_id", "access_key_id"} & set(lower):
+        return config, None
+    if not profile and (lookup(config, "access_key_id") or not _shared_credentials()
+                        or _role_in_environment()):
         return config, None
     try:
         import boto3
         from obstore.auth.boto3 import Boto3CredentialProvider
     except ImportError as e:
+        if not profile:
+            return config, None  # the client's chain may still find credentials
         raise LakestreamError(f"AWS profile {profile!r} needs boto3: pip install boto3") from e
-    session = boto3.Session(profile_name=profile)
-    if session.region_name and not {"aws_region", "region"} & set(lower) \
-            and not os.environ.get("AWS_REGION") and not os.environ.get("AWS_DEFAULT_REGION"):
+    try:
+        session = boto3.Session(profile_name=profile)
+    except Exception as e:  # noqa: BLE001 - botocore's ProfileNotFound, a malformed file
+        raise ValueError(f"AWS profile {profile!r} cannot be used: {e} (profiles are read "
+                         "from ~/.aws/config and ~/.aws/credentials)") from None
+    if session.region_name and lookup(config, "region") is None \
+            and lookup(config, "default_region") is None:
         config["aws_region"] = session.region_name
     return config, Boto3CredentialProvider(session)
 
 
+def _shared_credentials() -> bool:
+    path = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials"
+    return os.path.isfile(os.path.expanduser(path))
+
+
+def _role_in_environment() -> bool:
+    """A web identity or container role that the client's chain takes first."""
+    return any(os.environ.get(k) for k in (
+        "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI"))
+
+
 def _client_settings(o: S3Options) -> dict[str, Any]:
     """obstore's keyword arguments for a store or filesystem with these options."""
-    config, provider = _profile_credentials(dict(o.config))
+    config, provider = _profile_credentials(with_client_environment(dict(o.config)))
+    check_config(config)
     retry: Any = {"max_retries": o.max_retries,
                   "retry_timeout": timedelta(seconds=o.retry_timeout_s),
                   "backoff": {"init_backoff": timedelta(seconds=o.backoff_init_s),
@@ -171,7 +153,7 @@ def s3_filesystem(uri: str, options: S3Options | None = None) -> Any:
     ``torch.distributed.checkpoint``.
 
     Raises:
-        ValueError: a storage option is unknown (named) or invalid.
+        ValueError: a storage option or ``AWS_*`` variable is unknown or unusable (named).
     """
     from obstore.fsspec import FsspecStore
 
@@ -194,7 +176,9 @@ class S3Store:
     """A bucket prefix as an object store. ``put(mode="create")`` sends ``If-None-Match: *``.
 
     Raises (construction):
-        ValueError: the URI names no bucket, or a storage option is unknown (named).
+        ValueError: the URI names no bucket, or a storage option or ``AWS_*`` variable is
+            unknown or unusable (named; a secret's value is never shown), or the AWS profile
+            named is not there.
     """
 
     def __init__(self, uri: str, options: S3Options | None = None) -> None:
@@ -217,23 +201,11 @@ class S3Store:
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}".rstrip("/")
 
+    def __repr__(self) -> str:
+        return f"S3Store({self.uri!r})"
+
     def _fail(self, what: str, key: str, e: Exception) -> LakestreamError:
-        where = f"{self.uri}/{key}"
-        if _conflict(e):
-            # obstore reports S3's 409 ConditionalRequestConflict ("a conflicting
-            # conditional write is in flight: try again") as AlreadyExists. Nothing says the
-            # object exists: taken as a 412, a fragment whose PUT never reached the server
-            # was committed. It is a transient failure.
-            return StoreError(f"{what} {where} met a conflicting write in flight (409)")
-        if isinstance(e, (_ObAlreadyExists, _ObPrecondition)):
-            return AlreadyExistsError(f"{where} already exists")
-        if isinstance(e, (_ObNotFound, FileNotFoundError)):
-            return NotFoundError(f"{where} does not exist")
-        if isinstance(e, (_ObDenied, _ObUnauthenticated)) or _denied(e):
-            return PermissionDeniedError(
-                f"{what} {where} was refused: the credentials may not do this "
-                f"({_first_line(e)}); see docs/deployment.md for the policies")
-        return StoreError(f"{what} {where} failed: {_first_line(e)}")
+        return s3_error(what, f"{self.uri}/{key}", self.bucket, e)
 
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> None:
         """Writes ``data``; a 409 (a conflicting write in flight) is retried here, with
@@ -246,7 +218,7 @@ class S3Store:
                 return
             except (_ObError, OSError) as e:
                 error = self._fail("writing", key, e)
-                if not _conflict(e) or attempt == self.options.max_retries:
+                if not _Reply.of(e).conflict or attempt == self.options.max_retries:
                     raise error from None
             cap = min(self.options.backoff_cap_s, self.options.backoff_init_s * 2 ** attempt)
             time.sleep(random.uniform(cap / 2, cap))
@@ -328,14 +300,120 @@ class _RangeReader(io.RawIOBase):
         return n
 
 
-def _conflict(e: BaseException) -> bool:
-    return "409 Conflict" in str(e) or "<Code>ConditionalRequestConflict</Code>" in str(e)
+def s3_error(what: str, where: str, bucket: str, e: Exception) -> LakestreamError:
+    """The error of ours that a client failure of ``what`` (``"reading"``, ...) on
+    ``where`` is: it names the cause, what to do, and the S3 error code the body gave.
+
+    A refusal is definite (PermissionDeniedError), whether the store did not accept the
+    credentials, no credentials were found, or they may not do this; so is a missing bucket
+    (NotFoundError). Only what may have happened is a StoreError.
+    """
+    reply = _Reply.of(e)
+    if reply.conflict:
+        # obstore reports S3's 409 ConditionalRequestConflict ("a conflicting conditional
+        # write is in flight: try again") as AlreadyExists. Nothing says the object exists:
+        # taken as a 412, a fragment whose PUT never reached the server was committed. It
+        # is a transient failure.
+        return StoreError(f"{what} {where} met a conflicting write in flight (409)")
+    if isinstance(e, (_ObAlreadyExists, _ObPrecondition)):
+        return AlreadyExistsError(f"{where} already exists")
+    if _METADATA_SERVICE.search(reply.text):
+        return PermissionDeniedError(
+            f"{what} {where}: no S3 credentials were found. Neither the storage options nor "
+            "the environment set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, no AWS_PROFILE "
+            "or ~/.aws/credentials gave any, and no instance or container role answered "
+            f"({reply.summary}). Export the keys in the environment, or set AWS_PROFILE to a "
+            "profile of ~/.aws/credentials (docs/deployment.md, Credentials)")
+    if reply.code == "NoSuchBucket":
+        return NotFoundError(
+            f"{what} {where}: the bucket {bucket!r} does not exist (S3 NoSuchBucket): "
+            "create it, or correct the bucket in the URI")
+    if isinstance(e, (_ObNotFound, FileNotFoundError)):
+        return NotFoundError(f"{where} does not exist")
+    if reply.code in _AUTHENTICATION or isinstance(e, _ObUnauthenticated) \
+            or reply.status == 401:
+        fix = _AUTHENTICATION.get(reply.code or "", "check AWS_ACCESS_KEY_ID and "
+                                  "AWS_SECRET_ACCESS_KEY")
+        return PermissionDeniedError(
+            f"{what} {where} was refused: the store did not accept the credentials "
+            f"({reply.summary}); {fix}. They come from the storage options, else the AWS_* "
+            "environment, else an AWS profile (docs/deployment.md, Credentials)")
+    if isinstance(e, _ObDenied) or reply.status == 403 or reply.code == "AccessDenied":
+        if reply.code is None:  # a HEAD's reply has no body to tell why
+            return PermissionDeniedError(
+                f"{what} {where} was refused ({reply.summary}, with no S3 error code): "
+                "either the store did not accept the credentials or they may not do this; "
+                "check the keys, then the policy (docs/deployment.md, Least privilege)")
+        return PermissionDeniedError(
+            f"{what} {where} was refused: the credentials may not do this "
+            f"({reply.summary}); grant it (docs/deployment.md, Least privilege)")
+    return StoreError(f"{what} {where} failed: {reply.summary}")
 
 
-def _denied(e: BaseException) -> bool:
-    """A 403 that obstore did not type (it types only some requests' refusals)."""
-    text = str(e)
-    return "403 Forbidden" in text or "AccessDenied" in text
+_AUTHENTICATION = {
+    "SignatureDoesNotMatch": "the secret key is not the one of this access key id: check "
+                             "AWS_SECRET_ACCESS_KEY",
+    "InvalidAccessKeyId": "the store knows no such access key id: check AWS_ACCESS_KEY_ID, "
+                          "and that AWS_ENDPOINT_URL names the store that issued it",
+    "InvalidClientTokenId": "the store knows no such access key id: check AWS_ACCESS_KEY_ID",
+    "ExpiredToken": "the session token has expired: get fresh credentials (aws sso login, "
+                    "or a new AWS_SESSION_TOKEN)",
+    "TokenRefreshRequired": "the session token must be refreshed: get fresh credentials",
+    "InvalidToken": "the session token is malformed or not of these keys: check "
+                    "AWS_SESSION_TOKEN",
+    "RequestTimeTooSkewed": "this machine's clock is more than 15 minutes off the store's: "
+                            "synchronise it (NTP)",
+    "AuthorizationHeaderMalformed": "the request was signed for another region: check "
+                                    "AWS_REGION",
+}
+"""S3 error codes that say the request's credentials were not accepted, and the fix."""
+
+_METADATA_SERVICE = re.compile(r"169\.254\.169\.254|169\.254\.170\.2|\[?fd00:ec2::254|"
+                               r"/latest/api/token|/latest/meta-data/")
+"""The instance metadata service the client asks for credentials when none are given."""
+
+
+class _Reply:
+    """What a client failure says: the HTTP status, the S3 error code and message of the
+    body, and a one-line summary with them (the body's first line is only ``<?xml?>``)."""
+
+    def __init__(self, text: str, status: int | None, code: str | None,
+                 message: str | None) -> None:
+        self.text, self.status, self.code, self.message = text, status, code, message
+
+    @classmethod
+    def of(cls, e: BaseException) -> _Reply:
+        text = str(e)
+        status = re.search(r"status code: (\d{3})", text)
+        # An S3 error body, or a DeleteObjects failure: "...: Access Denied. (code: ...)".
+        body = re.search(r"<Code>([^<]{1,100})</Code>", text)
+        listed = re.search(r"failed for key [^\n]*?: ([^\n]{0,300}) \(code: (\w{1,100})\)", text)
+        message = re.search(r"<Message>([^<]{0,300})</Message>", text)
+        code = unescape(body.group(1)) if body else listed.group(2) if listed else None
+        said = unescape(message.group(1)) if message else listed.group(1) if listed else None
+        return cls(text, int(status.group(1)) if status else None, code, said)
+
+    @property
+    def conflict(self) -> bool:
+        """S3's 409 ConditionalRequestConflict: a conditional write of the key in flight."""
+        return self.code == "ConditionalRequestConflict" or self.status == 409 \
+            or "409 Conflict" in self.text
+
+    @property
+    def summary(self) -> str:
+        """``PUT <url>: 403 Forbidden: S3 <Code>: <Message>``, or the first line of what the
+        client said where it got no HTTP answer."""
+        request = re.search(r"Error performing ([A-Z]+ \S+)", self.text)
+        status = re.search(r"status code: (\d{3}[^:\n]*)(?::\s*([^\n]*))?", self.text)
+        if request is None or status is None:
+            return self.text.strip().split("\n", 1)[0][:300]
+        said = f"{request.group(1)}: {status.group(1).strip()}"
+        body = (status.group(2) or "").strip()
+        if self.code is not None:
+            said += f": S3 {self.code}" + (f": {self.message}" if self.message else "")
+        elif body and not body.startswith("<"):
+            said += f": {body[:200]}"
+        return said
 
 
 def _first_line(e: BaseException) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -77,7 +78,7 @@ def test_verify_reads_everything_and_names_what_is_damaged(tmp_path, capsys) -> 
     s.store.put(victim, bytes(data))
     assert main(["verify", uri]) == 1
     out = capsys.readouterr().out
-    assert f"damaged: fragment {victim}" in out and "1 problems" in out
+    assert f"damaged: fragment {victim}" in out and out.endswith("fragments: 1 problem\n")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -86,6 +87,9 @@ def test_verify_reads_everything_and_names_what_is_damaged(tmp_path, capsys) -> 
     (["tail", "URI", "--interval", "nan"], "not a positive number of seconds: 'nan'"),
     (["group", "rm", "URI"], "group rm needs the group to remove"),
     (["group", "rm", "URI", "../x"], "consumer group '../x' is not valid"),
+    (["tail", "URI", "--group", "bad name"], "consumer group 'bad name' is not valid"),
+    (["demo", "-o", "KEY=value"], "unrecognized arguments: -o KEY=..."),
+    (["gc", "URI", "--grace", "soon"], "not a duration: 'soon' (seconds, or e.g. 30s"),
 ])
 def test_bad_arguments_are_named_and_change_nothing(tmp_path, args, message) -> None:
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
@@ -146,3 +150,165 @@ def test_ctrl_c_ends_tail_quietly(tmp_path) -> None:
     finally:
         proc.kill()
     assert proc.returncode == 130 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("args", [
+    ["-o", "AWS_SECRET_ACCESS_KEY=hunter2-secret"], ["-o", "aws_session_token=hunter2-secret"],
+    ["--option=AWS_SECRET_ACCESS_KEY=hunter2-secret"],
+    ["-o", "AWS_SECRET_ACCESS_KEY:hunter2-secret"],  # a typo: no '='
+    ["-O", "AWS_SECRET_ACCESS_KEY=hunter2-secret"],  # a typo: no such flag
+    ["AWS_SECRET_ACCESS_KEY=hunter2-secret"],  # the -o left out
+])
+def test_a_secret_on_the_command_line_is_refused_and_never_echoed(tmp_path, args) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    out = _cli("status", s.uri, *args)
+    assert out.returncode == 2 and "hunter2" not in out.stdout + out.stderr, out.stderr
+    if "-o" in args or args[0].startswith("--option") and "=" in args[0][9:]:
+        assert "not KEY=VALUE" in out.stderr or "export AWS_" in out.stderr, out.stderr
+
+
+def test_s3_credentials_come_from_the_environment(tmp_path, s3_options) -> None:
+    import os
+    import uuid
+
+    from tests.conftest import BUCKET
+
+    uri = f"s3://{BUCKET}/cli-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({k: v for k, v in s3_options.items() if "KEY" in k})
+    plain = [x for k, v in s3_options.items() if "KEY" not in k for x in ("-o", f"{k}={v}")]
+    created = subprocess.run(
+        [sys.executable, "-m", "lakestream.cli", "create", uri, "--schema", "id:int64",
+         "--global-batch-size", "4", *plain], capture_output=True, text=True, timeout=60,
+        env={**env, "HOME": str(tmp_path)})
+    assert created.returncode == 0 and f"created {uri}" in created.stdout, created.stderr
+    secret = ["-o", f"AWS_SECRET_ACCESS_KEY={s3_options['AWS_SECRET_ACCESS_KEY']}"]
+    refused = _cli("status", uri, *plain, *secret)
+    assert refused.returncode == 2 and "export AWS_SECRET_ACCESS_KEY" in refused.stderr
+    assert s3_options["AWS_SECRET_ACCESS_KEY"] not in refused.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path) -> None:
+    """``lakestream tail --json | head -1``: no BrokenPipeError traceback, the status of a
+    command its pipe's reader left (141, as for SIGPIPE)."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    proc = subprocess.Popen([sys.executable, "-m", "lakestream.cli", "tail", s.uri,
+                             "--interval", "0.02", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert json.loads(proc.stdout.readline())["steps"] == 0
+        proc.stdout.close()
+        proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 141 and err == "", err
+
+
+def test_help_shows_the_defaults_and_units() -> None:
+    assert "(default: 1h)" in _cli("gc", "--help").stdout
+    assert "seconds, or e.g. 30s, 10m, 1h" in " ".join(_cli("gc", "--help").stdout.split())
+    for command in ("status", "retain", "group"):
+        helped = " ".join(_cli(command, "--help").stdout.split())
+        assert "retention keeps (default: 2)" in helped, helped
+    helped = " ".join(_cli("tail", "--help").stdout.split())
+    assert "(default: train)" in helped and "(default: 1 s)" in helped
+    assert "credentials come from the environment" in " ".join(_cli("--help").stdout.split())
+
+
+def test_sizes_are_for_people_and_exact_in_json(tmp_path, capsys) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    for k in range(3):
+        s.append(rows(4 * k, 4))
+    s.mark_checkpoint("train", 2)
+    assert main(["status", s.uri, "--keep-last", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "train                    1 marker (last resume steps 2)" in text, text
+    assert re.search(r"reclaimable below step 2, 2 fragments, \d\.\d KiB\n", text), text
+    assert main(["retain", s.uri, "--keep-last", "1"]) == 0
+    assert "reclaimed below step 2 (offset 8) at version 5" in capsys.readouterr().out
+    assert main(["gc", s.uri, "--grace", "0s"]) == 0
+    text = capsys.readouterr().out
+    assert re.match(r"deleted 2 data files \(\d\.\d KiB\), 0 log entries, 0 Delta "
+                    r"checkpoints, ", text), text
+    assert "kept for the grace period (0 s)" in text
+    s.append(rows(12, 4))
+    s.mark_checkpoint("train", 3)
+    size = next(f.size for f in s.state.all_fragments() if f.offset == 8)
+    s.retain(keep_last=1)
+    assert main(["gc", s.uri, "--grace", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["data_files"], report["data_bytes"]) == (1, size)
+
+
+def test_status_after_a_manual_retain_says_what_the_log_reclaimed(tmp_path, capsys) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    for k in range(6):
+        s.append(rows(4 * k, 4))
+    s.mark_checkpoint("train", 2, "c2")
+    s.mark_checkpoint("train", 4, "c4")
+    assert main(["retain", s.uri, "--keep-last", "1"]) == 0
+    capsys.readouterr()
+    assert main(["status", s.uri]) == 0  # the keep_last=2 view, after a keep_last=1 retain
+    text = capsys.readouterr().out
+    assert "fragments   2  reclaimed below step 4 (offset 16)" in text, text
+    assert "retention   keep_last=2: nothing more to reclaim (below step 4)" in text, text
+    assert "last resume steps 2 (reclaimed), 4); progress -; lag 2 steps" in text, text
+    assert "holds from step 4" in text and "holds from step 2" not in text, text
+    assert main(["status", s.uri, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["retention"]["step"] == 4 and info["reclaimed_below_step"] == 4
+    assert info["groups"]["train"]["holds_from_step"] == 4
+    assert [m["reclaimed"] for m in info["groups"]["train"]["markers"]] == [True, False]
+
+
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\u202e\x9b31m"
+
+
+def test_names_and_states_from_the_store_reach_the_terminal_escaped(tmp_path, capsys) -> None:
+    """A producer may write any bytes into its state and a marker's checkpoint id, and a
+    log written by another tool may hold any group name: none reaches the terminal raw."""
+    from lakestream.log import Checkpoint
+    from lakestream.producers import Producer
+    from lakestream.progress import publish_progress
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    with Producer(s.uri, "p0") as p:
+        p.write(rows(0, 4), state=HOSTILE)
+    with Producer(s.uri, "p1") as p:
+        p.write(rows(4, 4), state={"k": HOSTILE})
+    s.refresh()
+    s.mark_checkpoint("train", 1, HOSTILE)
+    s.commit(lambda state, cid: Checkpoint("evil" + HOSTILE, 1, HOSTILE, cid))
+    publish_progress(s.store, "train", 1, job=HOSTILE)
+    outputs = []
+    for args in (["status", s.uri], ["group", "list", s.uri], ["lineage", s.uri, "--step", "1"],
+                 ["tail", s.uri, "--count", "1"], ["status", str(tmp_path / HOSTILE)]):
+        main(args)
+        out = capsys.readouterr()
+        outputs.append(out.out + out.err)
+    for text in outputs:
+        assert not any(c in text for c in "\x1b\x07\u202e\x9b"), repr(text)
+    assert "evil\\x1b[2J\\x1b]0;owned\\x07\\u202e\\x9b31m" in outputs[1], outputs[1]
+    assert "state \\x1b[2J" in outputs[0] and "state {'k': '\\x1b[2J" in outputs[0]
+    assert "job \\x1b[2J" in outputs[1]
+    assert "checkpoint \\x1b[2J" in outputs[2], outputs[2]
+    # JSON escapes them itself, and reads back exact.
+    for args in (["status", s.uri, "--json"], ["lineage", s.uri, "--step", "1", "--json"]):
+        main(args)
+        text = capsys.readouterr().out
+        assert not any(c in text for c in "\x1b\x07\u202e\x9b"), repr(text)
+        assert any(HOSTILE in x for x in _strings(json.loads(text)))
+
+
+def _strings(value: object) -> list[str]:
+    """Every string in a JSON value, keys included."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in (k, *_strings(v))]
+    if isinstance(value, list):
+        return [x for v in value for x in _strings(v)]
+    return []
