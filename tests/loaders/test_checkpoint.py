@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 import lakestream
 from lakestream.errors import IncompleteCheckpointError
@@ -70,11 +71,12 @@ def test_a_checkpoint_on_s3_loads_what_was_saved(s3_options, tmp_path) -> None:
     ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=2, storage_options=s3_options)
     assert [b["step"] for b in ds] == [0, 1]
     saved = {"w": torch.randn(64, 33), "b": torch.arange(1000.0), "n": torch.tensor(7)}
-    save_checkpoint({"model": dict(saved)}, f"{uri}/ckpt/a", ds)
+    save_checkpoint({"model": dict(saved)}, "a", ds, root=f"{uri}/ckpt")
     assert _markers(s.uri, s3_options) == [(2, f"{uri}/ckpt/a")]
     state = {"model": {k: torch.zeros_like(v) for k, v in saved.items()}}
     fresh = StreamDataset(s.uri, rank=0, world_size=1, storage_options=s3_options)
-    load_checkpoint(state, f"{uri}/ckpt/a", fresh)
+    marker = lakestream.open(s.uri, storage_options=s3_options).checkpoints("train")[-1]
+    load_checkpoint(state, marker, fresh, root=f"{uri}/ckpt/")
     assert all(torch.equal(state["model"][k], v) for k, v in saved.items())
     assert fresh.start_step == 2
 
@@ -104,7 +106,7 @@ def test_two_gloo_ranks_checkpoint_to_s3_are_killed_and_resume_with_one(
     assert _markers(s.uri, s3_options) == [(2, f"{root}/ckpt/step-2"), (4, f"{root}/ckpt/step-4")]
     before = [_steps(_events(o)) for o in outs]
     resumed = _start(tmp_path, "resumed", uri=s.uri, options=s3_options, rank=0, world=1,
-                     steps=STEPS, resume=True)
+                     steps=STEPS, resume=True, ckpt=f"{root}/ckpt")
     _, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err
     events = _events(tmp_path / "resumed.jsonl")
@@ -143,7 +145,7 @@ def test_a_save_killed_before_its_metadata_commits_no_marker(backend, tmp_path) 
         load_checkpoint({"model": torch.zeros(1000)}, f"{ckpt}/step-3", fresh)
     assert fresh.start_step == 0  # nothing was loaded
     resumed = _start(tmp_path, "resumed", uri=s.uri, options=backend.options, rank=0,
-                     world=1, steps=STEPS, resume=True)
+                     world=1, steps=STEPS, resume=True, ckpt=ckpt)
     _, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err
     events = _events(tmp_path / "resumed.jsonl")
@@ -187,11 +189,10 @@ def test_a_checkpoint_its_writer_left_broken_is_refused_and_not_marked(
 def test_a_checkpoint_saved_by_an_earlier_version_still_loads(tmp_path) -> None:
     """Its dataset state has no "mix" key; DCP requires every key of the template, so the
     template is cut to what the checkpoint holds."""
-    import torch.distributed.checkpoint as dcp
-
     s = _stream(str(tmp_path / "s"), None)
     old = {"version": 1, "next_step": 3, "group": "train", "global_batch_size": B}
     dcp.save({"model": torch.arange(3.0), "data": old}, checkpoint_id=str(tmp_path / "old"))
     fresh, state = StreamDataset(s.uri, rank=0, world_size=1), {"model": torch.zeros(3)}
     load_checkpoint(state, str(tmp_path / "old"), fresh)
     assert fresh.start_step == 3 and state["model"].tolist() == [0.0, 1.0, 2.0]
+
