@@ -19,13 +19,14 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from lakestream.errors import IncompleteCheckpointError
 from lakestream.failpoints import failpoint
-from lakestream.loaders.dataset import STATE_KEYS, StreamDataset
+from lakestream.loaders.dataset import STATE_KEYS, StreamDataset, StreamMismatchError
 from lakestream.loaders.locations import CheckpointLocationError, Location, check_location
 from lakestream.loaders.safe_load import SafeLoadPlanner, read_metadata
 from lakestream.replay import Marker
 from lakestream.store import open_filesystem
 
-__all__ = ["CheckpointLocationError", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointLocationError", "StreamMismatchError", "load_checkpoint",
+           "save_checkpoint"]
 
 METADATA = ".metadata"
 """The file DCP writes last (through ``.metadata.tmp`` and a rename): the checkpoint's
@@ -260,6 +261,7 @@ def load_checkpoint(state: dict[str, Any], checkpoint: str | Marker, dataset: An
         IncompleteCheckpointError: the checkpoint has no readable ``.metadata`` (or one
             naming anything but torch's checkpoint metadata), or a file it names is missing
             or short (a save that died midway).
+        StreamMismatchError: the checkpoint was saved by a dataset over another stream.
         ValueError: a marker without ``root``.
     """
     ds = _dataset_of(dataset)
@@ -269,7 +271,7 @@ def load_checkpoint(state: dict[str, Any], checkpoint: str | Marker, dataset: An
     saved = _check_whole(_Reader(location.uri, fs), name).state_dict_metadata
     template = dataset.state_dict()
     # DCP requires every key of the template: a dataset state saved by an earlier version
-    # has fewer (no "mix"), and the dataset takes what it finds.
+    # has fewer ("mix", "streams"), and the dataset takes what it finds.
     _drop_unsaved(template, key, saved)
     try:
         dcp.load({**state, key: template}, storage_reader=_Reader(location.uri, fs),

@@ -1,11 +1,12 @@
 """Training checkpoints beside the stream: DCP on S3 with the stream's options, trainers
-killed and resumed with another world size, and no marker for a checkpoint that is not
-whole."""
+killed and resumed with another world size, no marker for a checkpoint that is not whole, and
+a checkpoint that resumes only the streams that saved it."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,13 +17,16 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lakestream
 from lakestream.errors import IncompleteCheckpointError
-from lakestream.loaders import StreamDataset, load_checkpoint, save_checkpoint
+from lakestream.loaders import Source, StreamDataset, load_checkpoint, save_checkpoint
 from lakestream.loaders import checkpoint as checkpoint_module
+from lakestream.loaders.checkpoint import StreamMismatchError
+from lakestream.loaders.dataset import dataset_states
 from lakestream.store import open_filesystem
-from tests.helpers import SCHEMA, ids, rows
+from tests.helpers import SCHEMA, ids, rows, worker_options
 
 ROOT = Path(__file__).resolve().parents[2]
 B, STEPS = 8, 8
@@ -196,3 +200,63 @@ def test_a_checkpoint_saved_by_an_earlier_version_still_loads(tmp_path) -> None:
     load_checkpoint(state, str(tmp_path / "old"), fresh)
     assert fresh.start_step == 3 and state["model"].tolist() == [0.0, 1.0, 2.0]
 
+
+def test_a_checkpoint_of_another_stream_with_the_same_batch_size_is_refused(tmp_path) -> None:
+    """Both streams have B samples per step: only their creation ids tell them apart."""
+    a, b = _stream(str(tmp_path / "a"), None), _stream(str(tmp_path / "b"), None)
+    ds = StreamDataset(a.uri, rank=0, world_size=1, max_steps=2)
+    assert [batch["step"] for batch in ds] == [0, 1]
+    save_checkpoint({"model": torch.arange(4.0)}, "step-2", ds, root=str(tmp_path / "ckpt"))
+    fresh, state = StreamDataset(b.uri, rank=0, world_size=1), {"model": torch.zeros(4)}
+    with pytest.raises(StreamMismatchError) as e:
+        load_checkpoint(state, str(tmp_path / "ckpt" / "step-2"), fresh)
+    assert f"{a.uri} (id {a.meta.table_id})" in str(e.value)
+    assert f"{b.uri} is another stream (id {b.meta.table_id})" in str(e.value)
+    assert fresh.start_step == 0
+    # A stream created anew at the same URI is another stream too.
+    shutil.rmtree(tmp_path / "a")
+    again = _stream(str(tmp_path / "a"), None)
+    with pytest.raises(StreamMismatchError, match=f"another stream \\(id {again.meta.table_id}"):
+        load_checkpoint(state, str(tmp_path / "ckpt" / "step-2"),
+                        StreamDataset(again.uri, rank=0, world_size=1))
+
+
+def test_each_source_of_a_mix_is_checked(tmp_path) -> None:
+    a, b = _stream(str(tmp_path / "a"), None), _stream(str(tmp_path / "b"), None)
+
+    def mix() -> StreamDataset:
+        return StreamDataset([Source(a.uri, take=4), Source(b.uri, take=4)], rank=0,
+                             world_size=1, max_steps=2)
+
+    ds = mix()
+    assert [batch["step"] for batch in ds] == [0, 1]
+    state = ds.state_dict()
+    shutil.rmtree(tmp_path / "b")
+    b = _stream(str(tmp_path / "b"), None)
+    with pytest.raises(StreamMismatchError, match=f"{b.uri} is another stream"):
+        mix().load_state_dict(state)
+
+
+def test_a_state_saved_before_identities_were_kept_still_loads(tmp_path) -> None:
+    """A loader's state (torchdata's, per worker) saved without "streams": the key is
+    dropped from the template wherever a dataset state sits inside it."""
+    s = _stream(str(tmp_path / "s"), None)
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(StreamDataset(s.uri, rank=0, world_size=1, max_steps=6),
+                                  batch_size=None, **worker_options(2))
+
+    before = loader()
+    it = iter(before)
+    assert [int(next(it)["step"]) for _ in range(3)] == [0, 1, 2]
+    state = before.state_dict()
+    found = dataset_states(state)
+    assert found and all("streams" in d for d in found)
+    for d in found:  # as an earlier version saved it
+        del d["streams"]
+    del it
+    dcp.save({"model": torch.arange(4.0), "data": state}, checkpoint_id=str(tmp_path / "old"))
+    resumed, model = loader(), {"model": torch.zeros(4)}
+    load_checkpoint(model, str(tmp_path / "old"), resumed)
+    assert model["model"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert [int(batch["step"]) for batch in resumed] == [3, 4, 5]
