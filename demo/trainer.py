@@ -63,10 +63,13 @@ def main() -> None:
     ds = StreamDataset(uri, group="train", timeout=300, max_steps=steps, keep_last=2,
                        progress_interval_s=0.05, max_staleness=max_staleness,
                        accept=varied_rewards, accept_columns=["reward"], balance="tokens")
+    # This trainer's checkpoints, where producers cannot write: a marker is read from the
+    # stream's log, and its checkpoint is loaded only from under this root.
+    ckpt_root = os.path.join(log_dir, "ckpt")
     markers = Stream.open(uri).checkpoints("train")
     if markers:  # restart: resume from the last durable checkpoint
         state = {"model": model.state_dict(), "optim": optim.state_dict()}
-        load_checkpoint(state, markers[-1].checkpoint_id or "", ds)
+        load_checkpoint(state, markers[-1], ds, root=ckpt_root)
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
     ds.policy_version = ds.start_step
@@ -92,7 +95,7 @@ def main() -> None:
         log.flush()
         if (step + 1) % every == 0:
             save_checkpoint({"model": model.state_dict(), "optim": optim.state_dict()},
-                            os.path.join(log_dir, "ckpt", f"step-{step + 1}"), ds)
+                            f"step-{step + 1}", ds, root=ckpt_root)
         t = time.perf_counter()
     reader = ds.last_reader
     if reader is not None:

@@ -1,5 +1,6 @@
-"""Saving a training checkpoint and its marker in one call, on a local path or an object
-store, and refusing to resume from a checkpoint that is not whole."""
+"""Saving a training checkpoint and its marker in one call, on a local path or S3 under the
+trainer's checkpoint root, and refusing to resume from a checkpoint that is not whole or
+not the trainer's own."""
 
 from __future__ import annotations
 
@@ -7,18 +8,25 @@ import io
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as _FsspecFileSystem
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from lakestream.errors import IncompleteCheckpointError
 from lakestream.failpoints import failpoint
-from lakestream.loaders.dataset import StreamDataset
+from lakestream.loaders.dataset import STATE_KEYS, StreamDataset, StreamMismatchError
+from lakestream.loaders.locations import CheckpointLocationError, Location, check_location
+from lakestream.loaders.safe_load import SafeLoadPlanner, read_metadata
+from lakestream.replay import Marker
 from lakestream.store import open_filesystem
+
+__all__ = ["CheckpointLocationError", "StreamMismatchError", "load_checkpoint",
+           "save_checkpoint"]
 
 METADATA = ".metadata"
 """The file DCP writes last (through ``.metadata.tmp`` and a rename): the checkpoint's
@@ -88,24 +96,49 @@ class _Reader(FileSystemReader):
             self.fs = cast(Any, _BoundFileSystem(fs))
             self.path = path
 
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """DCP's ``read_metadata``, through ``safe_load.read_metadata``."""
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as stream:
+            metadata = read_metadata(cast(IO[bytes], stream))
+        storage_meta = metadata.storage_meta or StorageMeta()
+        storage_meta.load_id = self.load_id  # as DCP's reader does
+        metadata.storage_meta = storage_meta
+        return metadata
 
-def _storage(checkpoint_id: str, dataset: StreamDataset,
-             storage_options: dict[str, str] | None) -> tuple[str, Any | None]:
-    """The checkpoint's location and filesystem (None: a local path). Without
-    ``storage_options`` a checkpoint on the stream's kind of store uses the stream's."""
-    if not isinstance(checkpoint_id, str) or not checkpoint_id:
-        raise ValueError(f"checkpoint_id must be a non-empty str, got {checkpoint_id!r}")
-    if checkpoint_id.startswith("file://"):
-        return checkpoint_id[len("file://"):], None
-    if "://" not in checkpoint_id:
-        return checkpoint_id, None
-    scheme, rest = checkpoint_id.split("://", 1)
-    scheme = "s3" if scheme == "s3a" else scheme
-    stream_scheme = dataset.uri.split("://", 1)[0] if "://" in dataset.uri else "file"
-    if storage_options is None and stream_scheme.replace("s3a", "s3") == scheme:
+
+def _storage(location: Location, dataset: StreamDataset,
+             storage_options: dict[str, str] | None) -> Any | None:
+    """The checkpoint's filesystem (None: a local path). Without ``storage_options`` a
+    checkpoint on S3 uses the stream's when the stream is on S3 too."""
+    if not location.remote:
+        return None
+    if storage_options is None and dataset.uri.startswith(("s3://", "s3a://")):
         storage_options = dataset.storage_options
-    path = f"{scheme}://{rest}".rstrip("/")
-    return path, open_filesystem(path, storage_options)
+    return open_filesystem(location.uri, storage_options)
+
+
+def _locate(checkpoint: str | Marker, dataset: StreamDataset, root: str | None) -> Location:
+    """Checks where ``checkpoint`` is (``locations.check_location``) before anything is
+    opened.
+
+    Raises:
+        CheckpointLocationError: the location is not the trainer's to open.
+        ValueError: a marker without ``root``.
+    """
+    streams = [source.uri for source in dataset.sources]
+    if not isinstance(checkpoint, Marker):
+        return check_location(checkpoint, root, streams)
+    if root is None:
+        raise ValueError("a checkpoint marker's location is read from the stream's log: pass "
+                         "root=, the folder or s3:// prefix this trainer keeps its checkpoints "
+                         "under, and only a checkpoint under it is opened")
+    if checkpoint.checkpoint_id is None:
+        raise CheckpointLocationError(
+            f"the checkpoint marker of group {checkpoint.group!r} at step {checkpoint.step} "
+            f"(log version {checkpoint.version}) names no checkpoint: resume from a marker "
+            "that save_checkpoint committed")
+    return check_location(checkpoint.checkpoint_id, root, streams, marker=checkpoint)
 
 
 def _check_whole(reader: _Reader, checkpoint_id: str) -> Metadata:
@@ -113,7 +146,7 @@ def _check_whole(reader: _Reader, checkpoint_id: str) -> Metadata:
     bytes it lists (a writer that dropped a shard, or a save that died, fails here).
 
     Raises:
-        IncompleteCheckpointError: naming what is missing.
+        IncompleteCheckpointError: naming what is missing, or why ``.metadata`` was refused.
     """
     fs = reader.fs
     if not fs.exists(fs.concat_path(reader.path, METADATA)):
@@ -123,7 +156,7 @@ def _check_whole(reader: _Reader, checkpoint_id: str) -> Metadata:
             "(Stream.checkpoints(group))")
     try:
         metadata = reader.read_metadata()
-    except Exception as e:  # a truncated or garbled pickle
+    except Exception as e:  # a truncated or garbled pickle, or one naming other classes
         raise IncompleteCheckpointError(
             f"checkpoint {checkpoint_id}: its {METADATA} cannot be read ({e}); resume from an "
             "earlier checkpoint marker (Stream.checkpoints(group))") from None
@@ -161,63 +194,110 @@ def _checked_on_rank_zero(check: Callable[[], object]) -> None:
 
 
 def save_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
-                    key: str = "data", *,
+                    key: str = "data", *, root: str | None = None,
                     storage_options: dict[str, str] | None = None) -> int | None:
     """Saves ``state`` plus the loader's state (under ``key``) with
     ``torch.distributed.checkpoint``, checks it is whole, then commits the checkpoint marker.
 
-    Collective: call it on every rank. ``checkpoint_id`` is a local path or a URL:
-    ``s3://bucket/prefix`` uses the stream's ``storage_options`` when the stream is on S3
-    too (or the ones given); any other scheme goes to its fsspec filesystem with the
-    ``storage_options`` given. ``dataset`` is the ``StreamDataset``, or the loader over it
-    (a ``StreamLoader``, or torchdata's ``StatefulDataLoader``, whose state holds its
-    workers' positions): its state is saved, and the marker resumes where it does.
+    Collective: call it on every rank. ``root`` is the folder or ``s3://bucket/prefix``
+    under which this trainer keeps its checkpoints, outside every stream; ``checkpoint_id``
+    is a name under it (``"step-100"``) or a full location under it. Without ``root``,
+    ``checkpoint_id`` is a local path or an ``s3://`` URL outside every stream the dataset
+    reads. On S3 the stream's ``storage_options`` are used when the stream is on S3 too
+    (or the ones given). ``dataset`` is the ``StreamDataset``, or the loader over it (a
+    ``StreamLoader``, or torchdata's ``StatefulDataLoader``, whose state holds its workers'
+    positions): its state is saved, and the marker resumes where it does.
 
     The marker is committed only once every rank's save has returned and rank 0 has read the
     checkpoint's ``.metadata`` back and found every file it names whole; so a marker always
-    names a checkpoint that loads.
+    names a checkpoint that loads. It records the checkpoint's full location (an absolute
+    path or an ``s3://`` URL).
 
     Returns:
         The marker's log version on rank 0, None elsewhere.
 
     Raises:
+        CheckpointLocationError: the location is outside ``root``, inside a stream, or not
+            a local path or ``s3://`` (nothing is written).
         IncompleteCheckpointError: on every rank, if the saved checkpoint is not whole (no
             marker is committed).
     """
     ds = _dataset_of(dataset)
-    path, fs = _storage(checkpoint_id, ds, storage_options)
-    dcp.save({**state, key: dataset}, storage_writer=_Writer(path, fs))
+    location = _locate(checkpoint_id, ds, root)
+    fs = _storage(location, ds, storage_options)
+    dcp.save({**state, key: dataset}, storage_writer=_Writer(location.uri, fs))
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-    _checked_on_rank_zero(lambda: _check_whole(_Reader(path, fs), checkpoint_id))
+    _checked_on_rank_zero(lambda: _check_whole(_Reader(location.uri, fs), location.uri))
     hold = None
     if dataset is not ds:
         # The trainer process's dataset has not seen what its workers consumed (nor a base
         # they loaded): take both from the loader's state.
         hold = ds.load_loader_state(dataset.state_dict())
-    return ds.commit_checkpoint(checkpoint_id=checkpoint_id, hold_offsets=hold)
+    return ds.commit_checkpoint(checkpoint_id=location.uri, hold_offsets=hold)
 
 
-def load_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
-                    key: str = "data", *,
+def load_checkpoint(state: dict[str, Any], checkpoint: str | Marker, dataset: Any,
+                    key: str = "data", *, root: str | None = None,
                     storage_options: dict[str, str] | None = None) -> None:
     """Loads what ``save_checkpoint`` saved into ``state`` (in place) and the dataset or
     loader (another world size is fine).
 
+    ``checkpoint`` is a marker (``Stream.checkpoints(group)[-1]``: resuming after a
+    restart), which needs ``root``, or a location the caller names. A marker's location is
+    read from the stream's log, which every identity that may commit to the stream can
+    write: it is data, never a command. It is opened only if it lies under ``root`` (the
+    folder or ``s3://`` prefix this trainer keeps its checkpoints under), outside every
+    stream the dataset reads, on a local path or ``s3://``; otherwise nothing is opened or
+    connected to. The same holds for a location given with ``root``; one given without it
+    is checked for its scheme and the streams only. Whatever the location, the checkpoint's
+    ``.metadata`` is read admitting only torch's checkpoint metadata classes, and the
+    state's values other than tensors with ``torch.load(weights_only=True)``, so a
+    checkpoint's files run no code.
+
     Raises:
-        IncompleteCheckpointError: the checkpoint has no readable ``.metadata``, or a file
-            it names is missing or short (a save that died midway).
+        CheckpointLocationError: the location fails those checks; for a marker the error
+            names its group, step, log version and location.
+        IncompleteCheckpointError: the checkpoint has no readable ``.metadata`` (or one
+            naming anything but torch's checkpoint metadata), or a file it names is missing
+            or short (a save that died midway).
+        StreamMismatchError: the checkpoint was saved by a dataset over another stream.
+        ValueError: a marker without ``root``.
     """
-    path, fs = _storage(checkpoint_id, _dataset_of(dataset), storage_options)
-    saved = _check_whole(_Reader(path, fs), checkpoint_id).state_dict_metadata
-    if isinstance(dataset, StreamDataset):
-        # DCP requires every key of the template: one saved by an earlier version has
-        # fewer (no "mix"), and the dataset takes what it finds.
-        template = {k: v for k, v in dataset.state_dict().items() if f"{key}.{k}" in saved}
-        dcp.load({**state, key: template}, storage_reader=_Reader(path, fs))
-        dataset.load_state_dict(template)
-    else:
-        dcp.load({**state, key: dataset}, storage_reader=_Reader(path, fs))
+    ds = _dataset_of(dataset)
+    location = _locate(checkpoint, ds, root)
+    name = location.uri
+    fs = _storage(location, ds, storage_options)
+    saved = _check_whole(_Reader(location.uri, fs), name).state_dict_metadata
+    template = dataset.state_dict()
+    # DCP requires every key of the template: a dataset state saved by an earlier version
+    # has fewer ("mix", "streams"), and the dataset takes what it finds.
+    _drop_unsaved(template, key, saved)
+    try:
+        dcp.load({**state, key: template}, storage_reader=_Reader(location.uri, fs),
+                 planner=SafeLoadPlanner(name))
+    except CheckpointException as e:  # a value refused: raised as itself, on every rank
+        refused = [f[0] for f in e.failures.values()
+                   if isinstance(f[0], IncompleteCheckpointError)]
+        if refused:
+            raise refused[0] from None
+        raise
+    dataset.load_state_dict(template)
+
+
+def _drop_unsaved(node: Any, fqn: str, saved: Any) -> None:
+    """Removes from each ``StreamDataset`` state inside ``node`` (at DCP's key ``fqn``) the
+    keys the checkpoint does not hold."""
+    if isinstance(node, dict):
+        if STATE_KEYS <= node.keys():
+            for k in [k for k in node if f"{fqn}.{k}" not in saved]:
+                del node[k]
+            return
+        for k, value in node.items():
+            _drop_unsaved(value, f"{fqn}.{k}", saved)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _drop_unsaved(value, f"{fqn}.{i}", saved)
 
 
 def _dataset_of(loader: Any) -> StreamDataset:

@@ -20,12 +20,17 @@ from lakestream.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
 from lakestream.steps import Source, Steps, open_mix
 from lakestream.stream import Stream
 
-STATE_VERSION = 3
-"""2 added the worker fields, 3 the mix (sources, cursors, shuffle, epochs); older states
-(one stream in log order) still load."""
+STATE_VERSION = 4
+"""2 added the worker fields, 3 the mix (sources, cursors, shuffle, epochs), 4 the streams'
+identities; older states still load."""
 STATE_KEYS = frozenset({"version", "next_step", "group", "global_batch_size"})
 """The keys of every StreamDataset state (a DCP checkpoint's keys must stay those saved)."""
 log = logging.getLogger("lakestream")
+
+
+class StreamMismatchError(LakestreamError):
+    """A dataset state (a checkpoint's) was saved reading another stream than this dataset
+    reads: one created anew, or another one altogether."""
 
 
 def _distributed() -> tuple[int, int] | None:
@@ -353,15 +358,21 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 "policy": self.policy.describe() if self.policy.active else None}
 
     def state_dict(self) -> dict[str, Any]:
-        """The resume point: the next step to read (torchdata/DCP ``Stateful``), and for a
-        mix its sources, their positions and the shuffle, as JSON under ``"mix"``. In a
-        DataLoader worker it also holds the worker's own next step."""
+        """The resume point: the next step to read (torchdata/DCP ``Stateful``), the streams
+        read (URI and creation id, as JSON under ``"streams"``), and for a mix its sources,
+        their positions and the shuffle, as JSON under ``"mix"``. In a DataLoader worker it
+        also holds the worker's own next step."""
         state: dict[str, Any] = {"version": STATE_VERSION, "next_step": self.start_step,
                                  "group": self.group,
                                  "global_batch_size": self.global_batch_size}
         # Always present (null for one stream in log order): DCP loads into the keys the
         # fresh dataset's state has, and requires each of them in the checkpoint.
         state["mix"] = json.dumps(None)
+        # Which streams these are (their creation ids): a state resumes only the streams
+        # that saved it, not another one with the same batch size or URI.
+        state["streams"] = json.dumps([{"uri": source.uri, "id": stream.meta.table_id}
+                                       for source, stream in zip(self.sources, self.streams,
+                                                                 strict=True)])
         if not self._plain:
             base_step, starts = self._base
             cursors = self.mix.cursors(self.start_step)
@@ -386,9 +397,14 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         read from that window before are read again), a new one at its start.
 
         Raises:
-            LakestreamError: the state belongs to other streams, or a mix with epochs
-                changed.
+            StreamMismatchError: the state was saved reading another stream than a source
+                of the same URI (or, for one stream, than that stream) is: one created anew,
+                or another altogether. States saved before identities were kept are not
+                checked.
+            LakestreamError: the state cannot resume here: a batch size or mix it does not
+                fit, or a mix with epochs changed.
         """
+        self._check_streams(state)
         saved = json.loads(state["mix"]) if "mix" in state else None
         step = int(state["next_step"])
         base = self._base
@@ -396,8 +412,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             b = int(state["global_batch_size"])
             if b != self.global_batch_size:
                 raise LakestreamError(
-                    f"state was saved for global batch size {b}, but {self.uri} has "
-                    f"{self.global_batch_size}: it belongs to another stream")
+                    f"state was saved reading one stream of global batch size {b}, and "
+                    f"{self.uri} has {self.global_batch_size} samples per step: load it into "
+                    "a dataset over the stream it was saved from")
             if self.policy.active:  # a policy taking over from log order at that step
                 if "worker_next_step" in state:
                     raise LakestreamError(
@@ -429,6 +446,35 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         same_worker = info is not None and "worker_next_step" in state \
             and (state.get("worker"), state.get("num_workers")) == (info.id, info.num_workers)
         self._worker_next = int(state["worker_next_step"]) if same_worker else None
+
+    def _check_streams(self, state: dict[str, Any]) -> None:
+        """Checks that each stream the state was saved reading is the one this dataset reads
+        at that URI (one stream to one stream: whatever its URI, so a stream moved still
+        resumes).
+
+        Raises:
+            StreamMismatchError: naming both streams.
+        """
+        if "streams" not in state:  # saved before identities were kept
+            return
+        saved = json.loads(state["streams"])
+        mine = [(source.uri, stream.meta.table_id)
+                for source, stream in zip(self.sources, self.streams, strict=True)]
+        if len(saved) == 1 and len(mine) == 1:
+            pairs = [(saved[0], mine[0])]
+        else:
+            by_uri = dict(mine)
+            pairs = [(s, (s["uri"], by_uri[s["uri"]])) for s in saved if s["uri"] in by_uri]
+        b = int(state["global_batch_size"])
+        sizes = f" (saved for global batch size {b}; this dataset's is " \
+            f"{self.global_batch_size})" if b != self.global_batch_size else ""
+        for theirs, (uri, table_id) in pairs:
+            if theirs["id"] != table_id:
+                raise StreamMismatchError(
+                    f"this state was saved reading the stream {theirs['uri']} (id "
+                    f"{theirs['id']}), and {uri} is another stream (id {table_id}){sizes}: "
+                    "load it into a dataset over the stream it was saved from, or start this "
+                    "one without it")
 
     def _rebase(self, saved: dict[str, Any], step: int) -> None:
         if self.epochs is not None or saved.get("epochs") is not None:

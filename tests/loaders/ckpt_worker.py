@@ -1,8 +1,9 @@
 """One trainer rank that checkpoints: a real process, in a gloo group when the world has more
 than one rank. Reads steps through StreamLoader, saves a DCP checkpoint (and its marker)
-after each step listed in ``save_after``, and appends what it read and saved to ``out`` (one
-JSON line per event). ``resume`` first loads the group's latest marked checkpoint. With
-``hang`` it waits, once done, to be killed.
+after each step listed in ``save_after``, under its checkpoint root ``ckpt``, and appends what
+it read and saved to ``out`` (one JSON line per event). ``resume`` first loads the group's
+latest marked checkpoint, as a trainer restarting does: the marker, checked against the root.
+With ``hang`` it waits, once done, to be killed.
 
 Usage: python -m tests.loaders.ckpt_worker SPEC_JSON
 """
@@ -42,7 +43,7 @@ def main() -> None:
         state = {"model": torch.zeros(MODEL)}
         if spec.get("resume"):
             marker = lakestream.open(uri, storage_options=options).checkpoints("train")[-1]
-            load_checkpoint(state, marker.checkpoint_id, ds)
+            load_checkpoint(state, marker, ds, root=spec["ckpt"])
             _emit(out, {"loaded": marker.checkpoint_id, "model": state["model"][:3].tolist(),
                         "next_step": ds.start_step})
         for batch in StreamLoader(ds):
@@ -50,9 +51,8 @@ def main() -> None:
             _emit(out, {"step": step, "ids": [int(x) for x in batch["id"]]})
             if step + 1 in spec.get("save_after", []):
                 state["model"] = torch.arange(MODEL, dtype=torch.float32) * (step + 1)
-                ckpt = f"{spec['ckpt']}/step-{step + 1}"
-                save_checkpoint(state, ckpt, ds)
-                _emit(out, {"saved": ckpt})
+                save_checkpoint(state, f"step-{step + 1}", ds, root=spec["ckpt"])
+                _emit(out, {"saved": f"{spec['ckpt']}/step-{step + 1}"})
         _emit(out, {"done": True})
         while spec.get("hang"):
             time.sleep(1)

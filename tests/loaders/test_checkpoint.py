@@ -1,11 +1,12 @@
 """Training checkpoints beside the stream: DCP on S3 with the stream's options, trainers
-killed and resumed with another world size, and no marker for a checkpoint that is not
-whole."""
+killed and resumed with another world size, no marker for a checkpoint that is not whole, and
+a checkpoint that resumes only the streams that saved it."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,13 +16,17 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 import lakestream
 from lakestream.errors import IncompleteCheckpointError
-from lakestream.loaders import StreamDataset, load_checkpoint, save_checkpoint
+from lakestream.loaders import Source, StreamDataset, load_checkpoint, save_checkpoint
 from lakestream.loaders import checkpoint as checkpoint_module
+from lakestream.loaders.checkpoint import StreamMismatchError
+from lakestream.loaders.dataset import dataset_states
 from lakestream.store import open_filesystem
-from tests.helpers import SCHEMA, ids, rows
+from tests.helpers import SCHEMA, ids, rows, worker_options
 
 ROOT = Path(__file__).resolve().parents[2]
 B, STEPS = 8, 8
@@ -70,11 +75,12 @@ def test_a_checkpoint_on_s3_loads_what_was_saved(s3_options, tmp_path) -> None:
     ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=2, storage_options=s3_options)
     assert [b["step"] for b in ds] == [0, 1]
     saved = {"w": torch.randn(64, 33), "b": torch.arange(1000.0), "n": torch.tensor(7)}
-    save_checkpoint({"model": dict(saved)}, f"{uri}/ckpt/a", ds)
+    save_checkpoint({"model": dict(saved)}, "a", ds, root=f"{uri}/ckpt")
     assert _markers(s.uri, s3_options) == [(2, f"{uri}/ckpt/a")]
     state = {"model": {k: torch.zeros_like(v) for k, v in saved.items()}}
     fresh = StreamDataset(s.uri, rank=0, world_size=1, storage_options=s3_options)
-    load_checkpoint(state, f"{uri}/ckpt/a", fresh)
+    marker = lakestream.open(s.uri, storage_options=s3_options).checkpoints("train")[-1]
+    load_checkpoint(state, marker, fresh, root=f"{uri}/ckpt/")
     assert all(torch.equal(state["model"][k], v) for k, v in saved.items())
     assert fresh.start_step == 2
 
@@ -104,7 +110,7 @@ def test_two_gloo_ranks_checkpoint_to_s3_are_killed_and_resume_with_one(
     assert _markers(s.uri, s3_options) == [(2, f"{root}/ckpt/step-2"), (4, f"{root}/ckpt/step-4")]
     before = [_steps(_events(o)) for o in outs]
     resumed = _start(tmp_path, "resumed", uri=s.uri, options=s3_options, rank=0, world=1,
-                     steps=STEPS, resume=True)
+                     steps=STEPS, resume=True, ckpt=f"{root}/ckpt")
     _, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err
     events = _events(tmp_path / "resumed.jsonl")
@@ -143,7 +149,7 @@ def test_a_save_killed_before_its_metadata_commits_no_marker(backend, tmp_path) 
         load_checkpoint({"model": torch.zeros(1000)}, f"{ckpt}/step-3", fresh)
     assert fresh.start_step == 0  # nothing was loaded
     resumed = _start(tmp_path, "resumed", uri=s.uri, options=backend.options, rank=0,
-                     world=1, steps=STEPS, resume=True)
+                     world=1, steps=STEPS, resume=True, ckpt=ckpt)
     _, err = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, err
     events = _events(tmp_path / "resumed.jsonl")
@@ -187,11 +193,70 @@ def test_a_checkpoint_its_writer_left_broken_is_refused_and_not_marked(
 def test_a_checkpoint_saved_by_an_earlier_version_still_loads(tmp_path) -> None:
     """Its dataset state has no "mix" key; DCP requires every key of the template, so the
     template is cut to what the checkpoint holds."""
-    import torch.distributed.checkpoint as dcp
-
     s = _stream(str(tmp_path / "s"), None)
     old = {"version": 1, "next_step": 3, "group": "train", "global_batch_size": B}
     dcp.save({"model": torch.arange(3.0), "data": old}, checkpoint_id=str(tmp_path / "old"))
     fresh, state = StreamDataset(s.uri, rank=0, world_size=1), {"model": torch.zeros(3)}
     load_checkpoint(state, str(tmp_path / "old"), fresh)
     assert fresh.start_step == 3 and state["model"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_checkpoint_of_another_stream_with_the_same_batch_size_is_refused(tmp_path) -> None:
+    """Both streams have B samples per step: only their creation ids tell them apart."""
+    a, b = _stream(str(tmp_path / "a"), None), _stream(str(tmp_path / "b"), None)
+    ds = StreamDataset(a.uri, rank=0, world_size=1, max_steps=2)
+    assert [batch["step"] for batch in ds] == [0, 1]
+    save_checkpoint({"model": torch.arange(4.0)}, "step-2", ds, root=str(tmp_path / "ckpt"))
+    fresh, state = StreamDataset(b.uri, rank=0, world_size=1), {"model": torch.zeros(4)}
+    with pytest.raises(StreamMismatchError) as e:
+        load_checkpoint(state, str(tmp_path / "ckpt" / "step-2"), fresh)
+    assert f"{a.uri} (id {a.meta.table_id})" in str(e.value)
+    assert f"{b.uri} is another stream (id {b.meta.table_id})" in str(e.value)
+    assert fresh.start_step == 0
+    # A stream created anew at the same URI is another stream too.
+    shutil.rmtree(tmp_path / "a")
+    again = _stream(str(tmp_path / "a"), None)
+    with pytest.raises(StreamMismatchError, match=f"another stream \\(id {again.meta.table_id}"):
+        load_checkpoint(state, str(tmp_path / "ckpt" / "step-2"),
+                        StreamDataset(again.uri, rank=0, world_size=1))
+
+
+def test_each_source_of_a_mix_is_checked(tmp_path) -> None:
+    a, b = _stream(str(tmp_path / "a"), None), _stream(str(tmp_path / "b"), None)
+
+    def mix() -> StreamDataset:
+        return StreamDataset([Source(a.uri, take=4), Source(b.uri, take=4)], rank=0,
+                             world_size=1, max_steps=2)
+
+    ds = mix()
+    assert [batch["step"] for batch in ds] == [0, 1]
+    state = ds.state_dict()
+    shutil.rmtree(tmp_path / "b")
+    b = _stream(str(tmp_path / "b"), None)
+    with pytest.raises(StreamMismatchError, match=f"{b.uri} is another stream"):
+        mix().load_state_dict(state)
+
+
+def test_a_state_saved_before_identities_were_kept_still_loads(tmp_path) -> None:
+    """A loader's state (torchdata's, per worker) saved without "streams": the key is
+    dropped from the template wherever a dataset state sits inside it."""
+    s = _stream(str(tmp_path / "s"), None)
+
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(StreamDataset(s.uri, rank=0, world_size=1, max_steps=6),
+                                  batch_size=None, **worker_options(2))
+
+    before = loader()
+    it = iter(before)
+    assert [int(next(it)["step"]) for _ in range(3)] == [0, 1, 2]
+    state = before.state_dict()
+    found = dataset_states(state)
+    assert found and all("streams" in d for d in found)
+    for d in found:  # as an earlier version saved it
+        del d["streams"]
+    del it
+    dcp.save({"model": torch.arange(4.0), "data": state}, checkpoint_id=str(tmp_path / "old"))
+    resumed, model = loader(), {"model": torch.zeros(4)}
+    load_checkpoint(model, str(tmp_path / "old"), resumed)
+    assert model["model"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert [int(batch["step"]) for batch in resumed] == [3, 4, 5]
