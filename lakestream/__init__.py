@@ -15,6 +15,7 @@ from lakestream.errors import (
     SchemaMismatchError,
     StepNotAvailableError,
     StoreError,
+    StreamSealedError,
 )
 from lakestream.replay import Marker
 from lakestream.stream import Stream, create, open
@@ -36,6 +37,7 @@ __all__ = [
     "StepNotAvailableError",
     "StoreError",
     "Stream",
+    "StreamSealedError",
     "create",
     "open",
 ]
