@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,9 +48,55 @@ class DemoConfig:
         return self.steps * self.global_batch_size // G * 8 // 5
 
 
-def _spawn(module: str, *args: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", module, *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+class _Stop:
+    """SIGINT and SIGTERM under ``main``: each raises KeyboardInterrupt, except while a child
+    is being started and recorded, when it waits for the record (a child started but not
+    recorded would outlive the job). A blocked signal mask would do it more simply, but
+    children inherit the mask across exec."""
+
+    recording = False
+    pending: int | None = None
+
+    @classmethod
+    def handle(cls, signum: int, frame: object) -> None:
+        if cls.recording:
+            cls.pending = signum
+            return
+        for n in (signal.SIGINT, signal.SIGTERM):  # a second one must not stop the cleanup
+            signal.signal(n, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _spawn(children: list[subprocess.Popen[bytes]], module: str,
+           *args: Any) -> subprocess.Popen[bytes]:
+    """Starts ``python -m module args`` and records it in ``children`` before a stopping
+    signal can interrupt (``_Stop``)."""
+    _Stop.recording = True
+    try:
+        child = subprocess.Popen([sys.executable, "-m", module, *map(str, args)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        children.append(child)
+    finally:
+        _Stop.recording = False
+    if _Stop.pending is not None:
+        _Stop.handle(_Stop.pending, None)
+    return child
+
+
+def stop_children(children: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -> int:
+    """Stops every child still running, by its PID: SIGTERM, then SIGKILL after ``grace_s``.
+    Returns how many were running."""
+    running = [c for c in children if c.poll() is None]
+    for c in running:
+        c.terminate()
+    deadline = time.monotonic() + grace_s
+    for c in running:
+        try:
+            c.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.kill()
+            c.communicate()
+    return len(running)
 
 
 class Pipeline:
@@ -63,6 +110,8 @@ class Pipeline:
         self.stream = lakestream.create(self.uri, SCHEMA, global_batch_size=cfg.global_batch_size,
                                         group_size=G)
         self.producers: dict[int, subprocess.Popen[bytes]] = {}
+        self.children: list[subprocess.Popen[bytes]] = []
+        """Every process this pipeline started, killed or not (``stop_children``)."""
         self.trainer: list[subprocess.Popen[bytes]] = []
         self.timeline: list[dict[str, float]] = []
         self.t0 = time.time()
@@ -73,16 +122,16 @@ class Pipeline:
         per = -(-self.cfg.prompts // self.cfg.producers)
         prompts = min(per, max(0, (self.cfg.prompts - i + self.cfg.producers - 1)
                                // self.cfg.producers))
-        self.producers[i] = _spawn("lakestream.demo.rollout", self.uri, i, self.cfg.producers,
-                                   prompts, self.cfg.max_lag_steps, self.logs / "producers.jsonl",
-                                   self.done)
+        self.producers[i] = _spawn(self.children, "lakestream.demo.rollout", self.uri, i,
+                                   self.cfg.producers, prompts, self.cfg.max_lag_steps,
+                                   self.logs / "producers.jsonl", self.done)
 
     def start_trainer(self) -> None:
         self.trainer_runs += 1
         init = self.logs / f"init-{self.trainer_runs}"
-        self.trainer = [_spawn("lakestream.demo.trainer", self.uri, r, self.cfg.ranks, init,
-                               self.cfg.steps, self.cfg.checkpoint_every, self.logs,
-                               self.cfg.max_lag_steps)
+        self.trainer = [_spawn(self.children, "lakestream.demo.trainer", self.uri, r,
+                               self.cfg.ranks, init, self.cfg.steps, self.cfg.checkpoint_every,
+                               self.logs, self.cfg.max_lag_steps)
                         for r in range(self.cfg.ranks)]
 
     def trainer_step(self) -> int:
@@ -327,7 +376,10 @@ def run(root: str, cfg: DemoConfig | None = None, plot_path: Path | None = None)
     print(f"stream: {pipe.uri}")
     print(f"{cfg.producers} rollout producers, a trainer of {cfg.ranks} gloo ranks, "
           f"{cfg.steps} steps of {cfg.global_batch_size} samples")
-    pipe.run()
+    try:
+        pipe.run()
+    finally:  # interrupted or failed: no child outlives the job
+        stop_children(pipe.children)
     checks, facts = verify(pipe)
     for line in summary(pipe, facts):
         print(line)
@@ -340,7 +392,20 @@ def run(root: str, cfg: DemoConfig | None = None, plot_path: Path | None = None)
 
 
 def main() -> int:
+    """Runs the job in a fresh temporary folder, which it leaves for inspection (the stream,
+    the logs, the plot). SIGTERM (what ``timeout``, CI cancellation and schedulers send) stops
+    it as Ctrl-C does: every child is stopped by its PID and the folder is removed."""
+    previous = {n: signal.signal(n, _Stop.handle) for n in (signal.SIGINT, signal.SIGTERM)}
     root = tempfile.mkdtemp(prefix="lakestream-demo-")
-    ok = run(root, plot_path=Path(root) / "demo.png")
+    try:
+        ok = run(root, plot_path=Path(root) / "demo.png")
+    except KeyboardInterrupt as e:
+        shutil.rmtree(root, ignore_errors=True)
+        name = str(e) if str(e) in ("SIGINT", "SIGTERM") else "SIGINT"
+        print(f"\n{name}: stopped the demo's processes, removed {root}", file=sys.stderr)
+        return 128 + signal.Signals[name].value
+    finally:
+        for n, handler in previous.items():
+            signal.signal(n, handler)
     print("verifications passed" if ok else "VERIFICATION FAILED")
     return 0 if ok else 1

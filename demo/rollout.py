@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 
 from lakestream.producers import Producer, ProducerOptions
-from lakestream.progress import read_progress
 
 G = 4
 VOCAB = 512
@@ -68,9 +67,7 @@ def main() -> None:
         while cursor < prompts and not os.path.exists(done):
             if not p.wait_for_lag(timeout=0.5):  # admit a generation within the bound
                 continue
-            progress = read_progress(p.stream.store, "train")
-            version = progress.policy_version or 0 if progress else 0
-            table = generate(cursor * workers + index, version, 2e-4)
+            table = generate(cursor * workers + index, p.policy_version, 2e-4)
             p.write(table, state={"cursor": cursor + 1})
             written += table.nbytes
             cursor += 1

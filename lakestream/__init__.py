@@ -9,12 +9,14 @@ from lakestream.errors import (
     CorruptLogError,
     IncompleteCheckpointError,
     LakestreamError,
+    LogCompactedError,
     NotFoundError,
     PermissionDeniedError,
     ProducerFencedError,
     SchemaMismatchError,
     StepNotAvailableError,
     StoreError,
+    StreamSealedError,
 )
 from lakestream.replay import Marker
 from lakestream.stream import Stream, create, open
@@ -28,6 +30,7 @@ __all__ = [
     "CorruptLogError",
     "IncompleteCheckpointError",
     "LakestreamError",
+    "LogCompactedError",
     "Marker",
     "NotFoundError",
     "PermissionDeniedError",
@@ -36,6 +39,7 @@ __all__ = [
     "StepNotAvailableError",
     "StoreError",
     "Stream",
+    "StreamSealedError",
     "create",
     "open",
 ]

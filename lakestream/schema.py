@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakestream.casts import conversion_loss
 from lakestream.errors import SchemaMismatchError
 
 _PRIMITIVES: dict[pa.DataType, str] = {
@@ -135,9 +136,16 @@ def conform(data: Any, schema: pa.Schema, *, where: str) -> pa.Table:
     """Turns ``data`` (a Table, RecordBatch, list of row dicts or dict of columns) into a
     Table with exactly ``schema``.
 
+    Python values are converted only where nothing is lost: a float with a fraction (or NaN)
+    in an integer column, a datetime whose time zone, time of day or sub-unit part the
+    column would drop, a float beyond a narrower float's range are refused (pyarrow would
+    truncate, shift or turn them into infinities without a word). A float rounded to a
+    narrower float is not a loss: that is what a float column stores.
+
     Raises:
-        SchemaMismatchError: a column is missing, extra, out of order, of another type, or
-            holds nulls where the schema forbids them; the message names the columns.
+        SchemaMismatchError: a column is missing, extra, out of order, of another type,
+            holds values its type cannot hold exactly, or holds nulls where the schema
+            forbids them; the message names the column.
         TypeError: ``data`` is none of the accepted kinds.
     """
     if isinstance(data, pa.RecordBatch):
@@ -151,13 +159,10 @@ def conform(data: Any, schema: pa.Schema, *, where: str) -> pa.Table:
         for r in rows:
             if set(r) != set(schema.names):
                 _check_names(list(r), schema, where, ordered=False)
-        table = _build(lambda: pa.Table.from_pylist(rows, schema=schema), schema, where)
-        _check_overflow(table, lambda name: [r[name] for r in rows], where)
+        table = _build({n: [r[n] for r in rows] for n in schema.names}, schema, where)
     elif isinstance(data, Mapping):
         _check_names(list(data), schema, where, ordered=False)
-        cols = {n: data[n] for n in schema.names}
-        table = _build(lambda: pa.Table.from_pydict(cols, schema=schema), schema, where)
-        _check_overflow(table, lambda name: list(cols[name]), where)
+        table = _build({n: data[n] for n in schema.names}, schema, where)
     else:
         raise TypeError(
             f"cannot write a {type(data).__name__}: pass a pyarrow Table or RecordBatch, "
@@ -297,63 +302,28 @@ def _check_names(names: list[str], schema: pa.Schema, where: str, *, ordered: bo
         )
 
 
-def _wide(t: pa.DataType) -> pa.DataType:
-    """``t`` with every float narrower than 64 bits widened to float64, at any depth."""
-    if pa.types.is_float16(t) or pa.types.is_float32(t):
-        return pa.float64()
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_wide(t.value_type)))
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_wide(t.value_type)))
-    if pa.types.is_fixed_size_list(t):
-        return pa.list_(t.value_field.with_type(_wide(t.value_type)), t.list_size)
-    if pa.types.is_struct(t):
-        return pa.struct([t.field(i).with_type(_wide(t.field(i).type))
-                          for i in range(t.num_fields)])
-    return t
-
-
-def _float_leaves(values: pa.Array) -> list[pa.Array]:
-    """The floating-point values under ``values``: through lists and struct fields."""
-    t = values.type
-    if pa.types.is_floating(t):
-        return [values]
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return _float_leaves(pc.list_flatten(values))
-    if pa.types.is_struct(t):
-        return [leaf for child in values.flatten() for leaf in _float_leaves(child)]
-    return []
-
-
-def _check_overflow(table: pa.Table, column_values: Callable[[str], list[Any]],
-                    where: str) -> None:
-    """Python floats beyond a narrower float column's range become infinities in Arrow,
-    without a word: where a built column holds an infinity, its Python values are built
-    again at float64, and a value finite there but not here is refused.
-
-    Raises:
-        SchemaMismatchError: naming the column, the count and the range.
-    """
-    for f in table.schema:
-        if _wide(f.type).equals(f.type):
-            continue
-        leaves = _float_leaves(table.column(f.name).combine_chunks())
-        if not any(pc.any(pc.is_inf(leaf)).as_py() for leaf in leaves):
-            continue
-        wide = _float_leaves(pa.array(column_values(f.name), _wide(f.type)))
-        lost = sum(pc.sum(pc.and_(pc.is_finite(w), pc.is_inf(n))).as_py() or 0
-                   for w, n in zip(wide, leaves, strict=True))
-        if lost:
-            narrow = next(leaf.type for leaf in leaves if not pa.types.is_float64(leaf.type))
+def _build(columns: Mapping[str, Any], schema: pa.Schema, where: str) -> pa.Table:
+    arrays = []
+    for f in schema:
+        values = columns[f.name]
+        try:
+            built = _column(values, f.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
             raise SchemaMismatchError(
-                f"{where}: column {f.name} holds {lost} finite values beyond the range of "
-                f"{narrow} (±{np.finfo(narrow.to_pandas_dtype()).max:.4g}): they would be "
-                "stored as infinity; scale or clip them, or make the column float64")
-
-
-def _build(make: Callable[[], pa.Table], schema: pa.Schema, where: str) -> pa.Table:
+                f"{where}: column {f.name} does not fit the stream's type {f.type}: {e}") from e
+        lost = conversion_loss(values, built, f.type, f.name)
+        if lost:
+            raise SchemaMismatchError(f"{where}: {lost}")
+        arrays.append(built)
     try:
-        return make()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+        return pa.Table.from_arrays(arrays, schema=schema)
+    except (pa.ArrowInvalid, ValueError) as e:  # columns of different lengths
         raise SchemaMismatchError(f"{where}: data does not fit the stream schema: {e}") from e
 
+
+def _column(values: Any, t: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """``values`` as an Arrow column of type ``t``; Arrow columns are cast (safely: refused
+    where a value would overflow or lose its fraction), anything else is converted."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values if values.type.equals(t) else values.cast(t, safe=True)
+    return pa.array(values, t)

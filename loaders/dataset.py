@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -39,6 +40,30 @@ def _distributed() -> tuple[int, int] | None:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return None
+
+
+def _check_named(accept: Accept) -> None:
+    """Refuses a filter that its name does not find again: a checkpoint records ``accept``
+    as ``module.qualname``, and a resume compares that name, so two lambdas (or two nested
+    functions of one name) would pass for the same filter.
+
+    Raises:
+        ValueError: ``accept`` is a lambda, a nested function or a callable without a name
+            that resolves to it.
+    """
+    module = sys.modules.get(getattr(accept, "__module__", None) or "")
+    name = getattr(accept, "__qualname__", None)
+    found: Any = module
+    for part in (name or "<none>").split("."):
+        found = getattr(found, part, None)
+    if found is None or found is not getattr(accept, "__func__", accept):
+        what = ("a lambda" if name and "<lambda>" in name else
+                "a nested function" if name and "<locals>" in name else
+                f"{accept!r}, which its module and name do not find again")
+        raise ValueError(
+            f"accept= got {what}: the filter is recorded by name (module.qualname) in "
+            "checkpoints, so a resume can check it is the same; define it with def at the "
+            "top level of a module")
 
 
 class StreamDataset(IterableDataset[dict[str, Any]]):
@@ -80,8 +105,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     ``policy_version``) is below ``step - k`` is skipped and the step refilled from later
     samples (``on_stale="drop"``), or kept with a per-sample ``stale`` mask
     (``on_stale="mask"``). ``accept`` (a pure function of a group's rows, as a
-    ``pyarrow.Table`` of ``accept_columns``, all if None) skips the groups it rejects, e.g.
-    those whose rewards are all equal. ``balance`` (a list column, whose lengths count, or
+    ``pyarrow.Table`` of ``accept_columns``, all if None; defined at the top level of a
+    module, since checkpoints record it by name) skips the groups it rejects, e.g. those
+    whose rewards are all equal. ``balance`` (a list column, whose lengths count, or
     an integer one) deals each step's groups to ranks so that the largest rank's total is
     as small as it can be made (equal group counts per rank). Every rank and every restart
     makes the same choices: they are functions of the log, the step and the cursor the
@@ -106,6 +132,10 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         shuffle_window, seed, epochs: see above (default: log order, once, no end).
         max_staleness, on_stale, accept, accept_columns, balance: the read-time policy
             (default: none).
+
+    Raises:
+        ValueError: a bad read-time policy (``accept`` a lambda, nested function or other
+            callable its module and name do not find again), or one with a mix.
     """
 
     def __init__(self, uri: str | Sequence[Source], group: str | None = "train",
@@ -134,6 +164,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         if isinstance(accept_columns, str):
             raise TypeError(f"accept_columns must be a list of column names, got "
                             f"{accept_columns!r}")
+        if accept is not None:
+            _check_named(accept)
         self.policy = ReadPolicy(max_staleness, on_stale, accept,
                                  None if accept_columns is None else tuple(accept_columns),
                                  balance)

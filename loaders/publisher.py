@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 
 from lakestream.errors import LakestreamError
-from lakestream.progress import publish_progress, read_progress
+from lakestream.progress import Progress, publish_progress, read_progress
 from lakestream.steps import Steps
 from lakestream.store.base import ObjectStore
 
@@ -110,18 +110,18 @@ def job_id() -> str:
 
 class JobProgress:
     """Writes one job's progress into its consumer group, and says when another job writes
-    there too: two jobs in one group would interleave their steps, and producers bounded by
-    ``max_lag_steps`` would follow whichever wrote last.
+    there too: two jobs in one group would interleave their progress, and producers bounded
+    by ``max_lag_steps`` would follow whichever wrote last.
 
-    Before each publish it reads the group's progress. Another job's progress found after
-    this job has published means both are publishing now; found before, it counts only if
-    it was updated within ``FRESH_S`` by the publisher's clock (else it is a finished or
-    crashed predecessor, such as the run this job resumes; clocks skewed by more than that
-    blur this case only). Each finding is counted in ``conflicts`` and logged (the
-    first, then every 100th), naming both jobs. This job's publish still goes ahead.
+    Before each publish it reads the group's progress. Another job's progress found there
+    after this job has published means that job published since: both are publishing now.
+    Found before this job's first publish, it proves nothing: a job resuming from a
+    checkpoint finds the progress its crashed or stopped predecessor left, however recent
+    (a restart takes seconds). That job is noted (logged at INFO) and is reported only if it
+    publishes again, within this job's next interval if it is alive. Each report is counted
+    in ``conflicts`` and logged as a warning (the first, then every 100th), naming both
+    jobs. This job's publish still goes ahead.
     """
-
-    FRESH_S = 60.0
 
     def __init__(self, store: ObjectStore, group: str, job: str) -> None:
         self.store, self.group, self.job = store, group, job
@@ -130,17 +130,25 @@ class JobProgress:
 
     def __call__(self, step: int, policy_version: int | None) -> None:
         current = read_progress(self.store, self.group)
-        if current is not None and current.job not in (None, self.job) and (
-                self._published or time.time() - current.updated < self.FRESH_S):
-            self.conflicts += 1
-            if self.conflicts == 1 or self.conflicts % 100 == 0:
-                log.warning(
-                    "consumer group %r: job %s published progress (step %d) beside this job "
-                    "%s (step %d); two jobs in one group interleave their progress: give "
-                    "each job its own group, or group=None to read without one (%d times)",
-                    self.group, current.job, current.step, self.job, step, self.conflicts)
+        if current is not None and current.job not in (None, self.job):
+            if self._published:
+                self._report(current, step)
+            else:
+                log.info("consumer group %r: job %s takes over from job %s (its progress: "
+                         "step %d, %.0f s ago); reported if that job publishes again",
+                         self.group, self.job, current.job, current.step,
+                         max(0.0, time.time() - current.updated))
         publish_progress(self.store, self.group, step, policy_version, self.job)
         self._published = True
+
+    def _report(self, other: Progress, step: int) -> None:
+        self.conflicts += 1
+        if self.conflicts == 1 or self.conflicts % 100 == 0:
+            log.warning(
+                "consumer group %r: job %s published progress (step %d) beside this job %s "
+                "(step %d); two jobs in one group interleave their progress: give each job "
+                "its own group, or group=None to read without one (%d times)",
+                self.group, other.job, other.step, self.job, step, self.conflicts)
 
 
 class MixProgress:

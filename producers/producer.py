@@ -19,7 +19,7 @@ from lakestream.log import Entry, Fence, check_group, check_producer_id, check_s
 from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
 from lakestream.producers.stats import ProducerStats
-from lakestream.progress import read_progress
+from lakestream.progress import Progress, read_progress
 from lakestream.replay import ReplayState, refuse_if_sealed
 from lakestream.schema import conform, oversized_sample
 from lakestream.store.base import ObjectStore
@@ -103,9 +103,10 @@ class Producer:
         which its half-budget trigger counts on."""
         self._error: BaseException | None = None
         self._closed = False
-        self._progress_at = 0.0
+        self._progress_at: float | None = None
+        """When ``_progress`` was read (monotonic), None before the first read."""
+        self._progress: Progress | None = None
         self._admitted = False
-        self._progress_step = 0
         self._pool = ThreadPoolExecutor(self.upload_threads,
                                         thread_name_prefix=f"lakestream-upload-{producer_id}")
         self._committer = Committer(self)
@@ -319,7 +320,31 @@ class Producer:
         with self._cond:
             pending = self._pending_rows
         b = self._stream.global_batch_size
-        return (self._stream.num_samples + pending) // b - self._progress_step
+        progress = self.trainer_progress()
+        return (self._stream.num_samples + pending) // b - (progress.step if progress else 0)
+
+    def trainer_progress(self) -> Progress | None:
+        """What ``progress_group`` (the trainer's consumer group) last published: its
+        ``step`` and ``policy_version``, ``updated`` (seconds since the epoch) and ``job``;
+        None if it has published nothing.
+
+        One small GET at most every ``options.progress_poll_s`` seconds, shared with the
+        ``max_lag_steps`` check (after ``wait_for_lag`` it costs nothing). Advisory, as
+        progress is: it may be that long behind the trainer.
+        """
+        now = time.monotonic()
+        if self._progress_at is None or now - self._progress_at >= self.options.progress_poll_s:
+            self._progress = read_progress(self._stream.store, self.progress_group)
+            self._progress_at = now
+        return self._progress
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version the trainer last published (``ds.policy_version``, through
+        its progress), 0 before it published one: what a rollout worker generates with
+        and stamps on its samples. Read as ``trainer_progress`` is."""
+        progress = self.trainer_progress()
+        return progress.policy_version or 0 if progress else 0
 
     def wait_for_lag(self, timeout: float | None = None) -> bool:
         """Blocks while committed steps exceed the consumer group's progress by more than
@@ -341,14 +366,9 @@ class Producer:
         k = self.max_lag_steps
         if k is None:
             return True
-        group, poll = self.progress_group, self.options.progress_poll_s
+        poll = self.options.progress_poll_s
         t0 = time.monotonic()
         while True:
-            now = time.monotonic()
-            if now - self._progress_at >= poll:
-                progress = read_progress(self._stream.store, group)
-                self._progress_step = progress.step if progress else 0
-                self._progress_at = now
             if self._lag_steps() <= k:
                 break
             self._check()

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Each core module may import only modules of a lower rank.
 RANKS = {
-    "errors": 0, "failpoints": 0, "threads": 0,
+    "errors": 0, "failpoints": 0, "threads": 0, "casts": 0,
     "store": 1, "schema": 1,
     "log": 2, "plan": 2,
     "index": 3, "mix": 3, "balance": 3, "progress": 3, "choose": 3,

@@ -98,30 +98,34 @@ def test_two_jobs_publishing_into_one_group_are_reported(tmp_path, caplog) -> No
     careless.start_step = 1
     with caplog.at_level(logging.WARNING, logger="lakestream"):
         trainer.publish_progress()
-        careless.publish_progress()  # the trainer's progress is fresh: reported here
-        trainer.publish_progress()  # and by the trainer, which finds the other job's
+        careless.publish_progress()  # a predecessor, for all it knows yet
+        assert careless.progress_conflicts == 0
+        trainer.publish_progress()  # the trainer finds the other job's progress over its own
+        careless.publish_progress()  # and the other job finds the trainer's again
     assert careless.progress_conflicts == 1 and trainer.progress_conflicts == 1
     warnings = [r.getMessage() for r in caplog.records if "two jobs in one group" in r.message]
     assert len(warnings) == 2 and trainer.job in warnings[0] and careless.job in warnings[0]
-    assert read_progress(s.store, "train").job == trainer.job  # type: ignore[union-attr]
+    assert read_progress(s.store, "train").job == careless.job  # type: ignore[union-attr]
 
 
-def test_a_resumed_job_is_not_taken_for_a_second_one(tmp_path, monkeypatch) -> None:
-    """The progress a crashed run left is older than ``FRESH_S``: the run that resumes from
-    its checkpoint publishes over it without a report."""
-    from lakestream.loaders.publisher import JobProgress
-
+def test_a_resumed_job_is_not_taken_for_a_second_one(tmp_path, caplog) -> None:
+    """A run that resumes seconds after its predecessor crashed finds that run's progress,
+    fresh: it publishes over it without a report, and reports it only once the other run
+    publishes again (alive after all)."""
     s = _stream(str(tmp_path / "s"), 4)
     crashed = StreamDataset(s.uri, group="train")
     crashed.job = "the-crashed-run"
+    crashed.start_step = 3
     crashed.publish_progress()
-    monkeypatch.setattr(JobProgress, "FRESH_S", 0.0)
-    resumed = StreamDataset(s.uri, group="train")
-    resumed.publish_progress()
+    resumed = StreamDataset(s.uri, group="train")  # at once: the progress is 0 s old
+    resumed.start_step = 2  # its checkpoint is older than the crashed run's last step
+    with caplog.at_level(logging.INFO, logger="lakestream"):
+        for _ in range(3):
+            resumed.publish_progress()
     assert resumed.progress_conflicts == 0
-    monkeypatch.setattr(JobProgress, "FRESH_S", 60.0)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("takes over from job the-crashed-run" in r.getMessage() for r in caplog.records)
     crashed.publish_progress()  # ... unless it is alive after all
-    resumed2 = StreamDataset(s.uri, group="train")
-    resumed2.job = "a-third-run"
-    resumed2.publish_progress()
-    assert resumed2.progress_conflicts == 1
+    assert crashed.progress_conflicts == 1
+    resumed.publish_progress()
+    assert resumed.progress_conflicts == 1
