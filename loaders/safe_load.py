@@ -72,7 +72,7 @@ def read_metadata(stream: IO[bytes]) -> Metadata:
 
 class SafeLoadPlanner(DefaultLoadPlanner):
     """DCP's load planner, loading the state's values other than tensors with
-    ``torch.load(weights_only=True)``: DCP's own loads them with ``weights_only=False``,
+    ``torch.load(weights_only=True)``: DCP's own loads them without that restriction,
     which runs what the file names. Plain Python values, tensors and the classes given to
     ``torch.serialization.add_safe_globals`` load; anything else is refused."""
 

@@ -115,16 +115,23 @@ def test_empty_and_non_tabular_writes(tmp_path, data, error, match) -> None:
 
 def test_no_unsafe_deserialisation_of_stream_data() -> None:
     # Samples are Arrow types; entries, snapshots and progress are JSON. Nothing read from a
-    # store may be unpickled (pickle, torch.load with pickles, marshal, eval).
-    pattern = re.compile(r"pickle\.loads?\(|torch\.load\(|marshal\.loads?\(|\beval\(|"
-                         r"weights_only\s*=\s*False|import pickle")
+    # store may be unpickled (pickle, torch.load with pickles, marshal, eval), but for a DCP
+    # checkpoint's .metadata, a pickle by DCP's format: loaders/safe_load.py unpickles it
+    # with an Unpickler whose find_class admits torch's metadata classes alone, and loads
+    # other values with torch.load(weights_only=True).
+    pattern = re.compile(r"pickle\.loads?\(|torch\.load\((?!.*weights_only=True)|"
+                         r"marshal\.loads?\(|\beval\(|weights_only\s*=\s*False|import pickle")
+    allowed = ROOT / "loaders" / "safe_load.py"
     offenders = []
     for folder in ("lakestream", "producers", "loaders", "demo"):
         for path in (ROOT / folder).rglob("*.py"):
             for n, line in enumerate(path.read_text().splitlines(), 1):
-                if pattern.search(line):
+                if pattern.search(line) and not (path == allowed and "import pickle" in line):
                     offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert offenders == []
+    restricted = allowed.read_text()
+    assert "class _MetadataUnpickler(pickle.Unpickler)" in restricted
+    assert "def find_class(" in restricted and "pickle.load(" not in restricted
 
 
 def _files(root: Path) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import lakestream
 from lakestream.errors import NotFoundError
+from lakestream.producers import Producer
 from lakestream.snapshot import load_state
 from lakestream.store import ObjectMeta, ObjectStore, open_store
 from tests.helpers import SCHEMA, ids, rows
@@ -129,5 +130,9 @@ def test_clocks_a_day_off_change_neither_order_nor_gc(tmp_path) -> None:
                          text=True, timeout=120)
     assert json.loads(out.stdout.splitlines()[-1]) == [0, 1], out.stderr
     assert len(list(s.store.list("data/skew-2/"))) == 1
+    # Its own epoch's upload past its committed seq is kept, whatever the grace, until the
+    # producer restarts (or a day passes): a live instance's commit could still name it.
+    assert s.gc(grace_seconds=0, delta_checkpoint=False).data_files == 0
+    Producer(uri, "skew-2").close()  # restarted: the crashed epoch is fenced
     gone = s.gc(grace_seconds=0, delta_checkpoint=False)
     assert gone.data_files == 1 and not list(s.store.list("data/skew-2/"))
