@@ -24,6 +24,7 @@ store: every rank and every restart derives the same rows from the same inputs.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -72,6 +73,11 @@ class SourcePlan:
     """The source's size in samples once sealed; None while appends may still come."""
     start: int = 0
     """The position this source reads at ``base_step`` (its cursor when the mix began)."""
+    key: int | None = None
+    """What its shuffle permutations are keyed by: a fixed hash of the stream's identity
+    (``source_key``), so that a changed mix (a source added before it) permutes it as
+    before; None keys them by the source's index, as plans did before (states saved then
+    resume with the permutations they were read with)."""
 
 
 class MixPlan:
@@ -219,11 +225,15 @@ class MixPlan:
             s, size = self.sources[i], self._window(i)
             assert s.sealed is not None
             count = -(-s.sealed // size)
-            order = permutation(count, self.seed, i, epoch, 0)
+            order = permutation(count, self.seed, self._key(i), epoch, 0)
             sizes = np.where(order == count - 1, s.sealed - (count - 1) * size, size)
             found = order, np.concatenate([[0], np.cumsum(sizes)])
             _keep(self._orders, key, found, self._kept)
         return found
+
+    def _key(self, i: int) -> int:
+        key = self.sources[i].key
+        return i if key is None else key
 
     def _window(self, i: int) -> int:
         assert self.shuffle_window is not None
@@ -238,7 +248,7 @@ class MixPlan:
         key = (i, epoch, w, groups)
         sigma = self._sigmas.get(key)
         if sigma is None:
-            sigma = permutation(groups, self.seed, i, epoch, w + 1)
+            sigma = permutation(groups, self.seed, self._key(i), epoch, w + 1)
             _keep(self._sigmas, key, sigma, self._kept)
         return sigma
 
@@ -316,6 +326,23 @@ class MixPlan:
         its checkpoint marker must keep from retention."""
         return [0 if self._permutes_windows(i) else c  # a later epoch reads it all again
                 for i, c in enumerate(self.cursor(step))]
+
+
+def source_key(identity: str) -> int:
+    """A source's permutation key: a fixed 64-bit hash of its stream's identity (its table
+    id), the same on every machine and after the mix around it changed."""
+    return int.from_bytes(hashlib.blake2b(identity.encode(), digest_size=8).digest(), "big")
+
+
+def resume_position(cursor: int, sealed: int | None, *, same_order: bool) -> int:
+    """Where a source whose windows are permuted (``cycle``) resumes when the mix changed
+    at its ``cursor``: there, if its permutations are as they were (same key, take, window
+    and seed), so every position names the sample it named; otherwise at the start of its
+    next epoch, since the rest of this epoch would map to other samples and could repeat
+    ones already read. Each sample of the epoch is then read at most once."""
+    if same_order or not sealed:
+        return cursor
+    return -(-cursor // sealed) * sealed
 
 
 def runs(offsets: np.ndarray) -> list[tuple[int, int]]:

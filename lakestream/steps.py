@@ -10,7 +10,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from lakestream.fragment import FragmentCache
-from lakestream.mix import MixPlan, SourcePlan
+from lakestream.mix import MixPlan, SourcePlan, source_key
 from lakestream.stream import Stream
 
 
@@ -22,7 +22,8 @@ class Source:
     uri: str
     take: int | None = None
     cycle: bool = False
-    storage_options: dict[str, str] | None = field(default=None, compare=False, hash=False)
+    storage_options: dict[str, str] | None = field(default=None, compare=False, hash=False,
+                                                   repr=False)
 
     def describe(self) -> dict[str, object]:
         """What identifies the source in a saved state."""
@@ -31,8 +32,10 @@ class Source:
 
 def open_mix(sources: Sequence[Source], *, shuffle_window: int | None = None, seed: int = 0,
              epochs: int | None = None, base_step: int = 0,
-             starts: Sequence[int] | None = None) -> MixSteps:
-    """Opens every source's stream and plans their mix (see ``lakestream.mix``).
+             starts: Sequence[int] | None = None, keyed: bool = True) -> MixSteps:
+    """Opens every source's stream and plans their mix (see ``lakestream.mix``). ``keyed``:
+    each source's permutations are keyed by its stream's identity (False: by its index, as
+    plans were before).
 
     Raises:
         ValueError: the plan is invalid (named), e.g. ``cycle`` on a stream not sealed.
@@ -46,7 +49,8 @@ def open_mix(sources: Sequence[Source], *, shuffle_window: int | None = None, se
                              f"{trimmed}, and cycle or epochs read a source from its start")
     starts = list(starts) if starts is not None else [0] * len(sources)
     plans = [SourcePlan(s.take if s.take is not None else st.global_batch_size,
-                        st.group_size, cycle=s.cycle, sealed=st.sealed_at, start=start)
+                        st.group_size, cycle=s.cycle, sealed=st.sealed_at, start=start,
+                        key=source_key(st.meta.table_id) if keyed else None)
              for s, st, start in zip(sources, streams, starts, strict=True)]
     try:
         plan = MixPlan(plans, shuffle_window=shuffle_window, seed=seed, epochs=epochs,

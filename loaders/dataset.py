@@ -17,6 +17,7 @@ from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader, Stop
 from lakestream.log import check_group
+from lakestream.mix import resume_position
 from lakestream.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
 from lakestream.steps import Source, Steps, open_mix
 from lakestream.stream import Stream
@@ -176,6 +177,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                              "stream in log order: they do not combine with mixing, "
                              "shuffle_window or epochs")
         self._base: tuple[int, list[int]] = (0, [0] * len(self.sources))
+        self._keyed = True
+        """Whether the plan keys each source's permutations by its stream's identity; a
+        state saved before they were (its mix JSON has no "keyed") resumes keyed by index."""
         """The mix's (base step, source positions there): where a changed mix began."""
         self.group = None if group is None else check_group(group)
         self.job = job_id()
@@ -245,7 +249,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             else:
                 self._mix = open_mix(self.sources, shuffle_window=self.shuffle_window,
                                      seed=self.seed, epochs=self.epochs,
-                                     base_step=base_step, starts=starts)
+                                     base_step=base_step, starts=starts, keyed=self._keyed)
             if self._progress is not None:
                 self._progress.steps = self._mix
         return self._mix
@@ -411,7 +415,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             if self.policy.active:  # planned one step after another: resume from here
                 base_step, starts = self.start_step, cursors
             state["mix"] = json.dumps({**self._describe(), "base_step": base_step,
-                                       "starts": starts, "cursors": cursors})
+                                       "starts": starts, "cursors": cursors,
+                                       "keyed": self._keyed})
         info = get_worker_info()
         if info is not None:
             state.update(worker=info.id, num_workers=info.num_workers,
@@ -439,7 +444,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self._check_streams(state)
         saved = json.loads(state["mix"]) if "mix" in state else None
         step = int(state["next_step"])
-        base = self._base
+        base, keyed = self._base, self._keyed
         if saved is None:  # one stream, whole steps, in log order
             b = int(state["global_batch_size"])
             if b != self.global_batch_size:
@@ -462,6 +467,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                     f"start_step={step} instead")
         elif {k: saved.get(k) for k in self._describe()} == self._describe():
             self._base = (int(saved["base_step"]), [int(x) for x in saved["starts"]])
+            self._keyed = bool(saved.get("keyed", False))
         else:
             if "worker_next_step" in state:
                 raise LakestreamError(
@@ -471,7 +477,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                     "with the mix it was saved with, or load the changed mix from the "
                     "dataset's own state (StreamLoader, save_checkpoint)")
             self._rebase(saved, step)
-        if self._base != base:
+        if self._base != base or self._keyed != keyed:
             self._mix = None  # planned again from the loaded base
         self.start_step = step
         info = get_worker_info()
@@ -516,9 +522,23 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 "was, or start a new run")
         cursors = {s["uri"]: int(c) for s, c in zip(saved["sources"], saved["cursors"],
                                                      strict=True)}
-        self._base = (step, [cursors.get(s.uri, 0) for s in self.sources])
+        before = {s["uri"]: s for s in saved["sources"]}
+        starts = []
+        for source, stream in zip(self.sources, self.streams, strict=True):
+            cursor = cursors.get(source.uri, 0)
+            if source.cycle and self.shuffle_window is not None and source.uri in before:
+                # Its windows are permuted: the same positions name the same samples only if
+                # its permutations are as they were.
+                was = before[source.uri]
+                same = bool(saved.get("keyed")) and was["take"] == source.take \
+                    and was["cycle"] and saved["shuffle_window"] == self.shuffle_window \
+                    and saved["seed"] == self.seed
+                cursor = resume_position(cursor, stream.sealed_at, same_order=same)
+            starts.append(cursor)
+        self._base, self._keyed = (step, starts), True
         log.warning("the mix changed since the state was saved (%s); each source resumes at "
-                    "its saved position, new ones at their start: %s",
+                    "its saved position (a cycling shuffled source whose permutations changed "
+                    "at its next epoch), new ones at their start: %s",
                     [s["uri"] for s in saved["sources"]], dict(zip(
                         [s.uri for s in self.sources], self._base[1], strict=True)))
 

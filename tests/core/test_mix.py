@@ -7,11 +7,19 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lakestream.mix import KEPT_PER_SOURCE, MixPlan, SourcePlan, permutation
+from lakestream.mix import (
+    KEPT_PER_SOURCE,
+    MixPlan,
+    SourcePlan,
+    permutation,
+    resume_position,
+    source_key,
+)
 from lakestream.plan import slice_offsets
 
 
@@ -203,3 +211,66 @@ def test_a_long_run_over_a_cycling_source_keeps_a_bounded_plan() -> None:
     again = MixPlan(plan.sources, shuffle_window=2, seed=5)
     assert [_read(plan, step, 0, 1) for step in range(30)] == first == [
         _read(again, step, 0, 1) for step in range(30)]
+
+
+def _epoch_samples(plan: MixPlan, i: int, step: int) -> list[tuple[int, int]]:
+    """(source epoch, sample) of each slot source ``i`` fills at ``step``."""
+    slots = np.arange(plan.sources[i].take)
+    epochs, _ = plan._epoch_positions(i, step, slots)
+    offsets, _ = plan._offsets(i, step, slots)
+    assert offsets is not None
+    return list(zip(epochs.tolist(), offsets.tolist(), strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(g=st.sampled_from([1, 2]), groups=st.integers(2, 30), take=st.integers(1, 4),
+       window=st.integers(1, 4), seed=st.integers(0, 2**40), read=st.integers(1, 40),
+       change=st.sampled_from(["added", "take", "both"]), new_take=st.integers(1, 4))
+def test_a_changed_mix_reads_each_sample_of_a_cycling_source_once_per_epoch(
+        g: int, groups: int, take: int, window: int, seed: int, read: int, change: str,
+        new_take: int) -> None:
+    n = g * groups
+    other = SourcePlan(take=2, sealed=10_000)
+    cycled = SourcePlan(take * g, g, cycle=True, sealed=n, key=source_key("table-of-s"))
+    before = MixPlan([cycled], shuffle_window=window, seed=seed)
+    got = [x for step in range(read) for x in _epoch_samples(before, 0, step)]
+    cursor = before.cursor(read)[0]
+    taken = new_take * g if change != "added" else cycled.take
+    if change == "take":
+        assume(taken != cycled.take)
+    same = taken == cycled.take  # a source added before it changes neither key nor windows
+    start = resume_position(cursor, n, same_order=same)
+    moved = SourcePlan(taken, g, cycle=True, sealed=n, start=start, key=cycled.key)
+    after = MixPlan([other, moved] if change != "take" else [moved], shuffle_window=window,
+                    seed=seed, base_step=read)
+    i = len(after.sources) - 1
+    epoch = cursor // n
+    step = read
+    while after.position(i, step) < (epoch + 1) * n:
+        got += _epoch_samples(after, i, step)
+        step += 1
+    current = [sample for e, sample in got if e == epoch]
+    assert len(current) == len(set(current)), (cursor, start, current)
+    if same:
+        assert sorted(current) == list(range(n))  # and none skipped where nothing changed
+
+
+def test_a_source_added_before_a_cycling_one_used_to_remap_its_positions() -> None:
+    # Keyed by index (as plans were), the cycling source's permutations change when a source
+    # is added before it: positions already read then name other samples.
+    cycled = SourcePlan(take=2, cycle=True, sealed=48)
+    before = MixPlan([cycled], shuffle_window=3, seed=1)
+    seen = {x for step in range(8) for x in _read(before, step, 0, 1)[0]}
+    moved = SourcePlan(take=2, cycle=True, sealed=48, start=before.cursor(8)[0])
+    after = MixPlan([SourcePlan(take=2, sealed=1000), moved], shuffle_window=3, seed=1,
+                    base_step=8)
+    rest = [x for step in range(8, 24) for x in _read(after, step, 0, 1)[1]]
+    assert set(rest) & seen  # read twice within the epoch
+    keyed = [SourcePlan(take=2, cycle=True, sealed=48, key=7),
+             SourcePlan(take=2, cycle=True, sealed=48, start=16, key=7)]
+    before = MixPlan([keyed[0]], shuffle_window=3, seed=1)
+    seen = {x for step in range(8) for x in _read(before, step, 0, 1)[0]}
+    after = MixPlan([SourcePlan(take=2, sealed=1000), keyed[1]], shuffle_window=3, seed=1,
+                    base_step=8)
+    rest = [x for step in range(8, 24) for x in _read(after, step, 0, 1)[1]]
+    assert not set(rest) & seen and len(seen | set(rest)) == 48

@@ -163,6 +163,27 @@ def test_a_source_added_on_resume_leaves_the_others_where_they_were(tmp_path) ->
                    (4, list(range(32, 40)) + [1004, 1005, 1006, 1007])]
 
 
+@pytest.mark.parametrize("change", ["added", "take"])
+def test_a_changed_mix_reads_a_cycling_shuffled_source_at_most_once_an_epoch(
+        tmp_path, change: str) -> None:
+    uris = _sources(tmp_path)  # source b: 32 samples, cycled
+    one = StreamDataset([Source(uris[1], take=4, cycle=True)], group=None, rank=0,
+                        world_size=1, timeout=30, max_steps=3, shuffle_window=2, seed=5)
+    seen = [x for _, ids in step_ids(one) for x in ids]  # 12 of the first epoch's 32
+    if change == "added":
+        sources = [Source(uris[0], take=8), Source(uris[1], take=4, cycle=True)]
+    else:
+        sources = [Source(uris[1], take=2, cycle=True)]
+    two = StreamDataset(sources, group=None, rank=0, world_size=1, timeout=30,
+                        max_steps=3 + 16, shuffle_window=2, seed=5)
+    two.load_state_dict(one.state_dict())
+    rest = [x for _, ids in step_ids(two) for x in _split(ids)[1]]
+    if change == "added":  # the same permutations: the epoch goes on where it was
+        assert sorted(seen + rest[:20]) == list(range(1000, 1032))
+    else:  # other windows: the next epoch starts whole, rather than this one remapped
+        assert sorted(rest) == list(range(1000, 1032))
+
+
 def test_bad_mixes_are_refused_naming_the_source(tmp_path) -> None:
     uris = _sources(tmp_path, seal=False)
     with pytest.raises(ValueError, match=r"source 1 \(.*b\): cycle needs a sealed"):
