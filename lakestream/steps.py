@@ -148,7 +148,11 @@ class MixSteps:
         # or producers held to max_lag_steps behind it could never complete it.
         ahead = plan.needed(step) if plan.shuffle_window is not None \
             and not plan.ended(step) else [0] * len(self.streams)
-        return [max(plan.position(i, step), a) for i, a in enumerate(ahead)]
+        # What the steps before ``step`` read: with epochs a position wraps to the start of
+        # the next epoch, and at the mix's end that read as nothing read at all.
+        reached = [plan.position(i, step - 1) + src.take if step > plan.base_step
+                   else plan.position(i, step) for i, src in enumerate(plan.sources)]
+        return [max(r, a) for r, a in zip(reached, ahead, strict=True)]
 
     def counts(self, step: int) -> dict[str, int] | None:
         return None

@@ -184,6 +184,20 @@ def test_a_changed_mix_reads_a_cycling_shuffled_source_at_most_once_an_epoch(
         assert sorted(rest) == list(range(1000, 1032))
 
 
+def test_a_finished_mix_with_epochs_leaves_no_lag_on_its_sources(tmp_path) -> None:
+    from lakestream.status import groups
+
+    uris = _sources(tmp_path)
+    ds = StreamDataset([Source(uris[0], take=A_TAKE), Source(uris[1], take=B_TAKE)],
+                       group="train", timeout=30, shuffle_window=3, seed=11, epochs=2,
+                       rank=0, world_size=1)
+    assert [s for s, _ in step_ids(ds)] == list(range(16))
+    ds.close()
+    for uri in uris:
+        shown = groups(lakestream.open(uri))["train"]
+        assert shown["lag_steps"] == 0, shown
+
+
 def test_bad_mixes_are_refused_naming_the_source(tmp_path) -> None:
     uris = _sources(tmp_path, seal=False)
     with pytest.raises(ValueError, match=r"source 1 \(.*b\): cycle needs a sealed"):
