@@ -50,10 +50,10 @@ _gets: Counter[str] = Counter()
 def _count(cls: Any) -> None:
     real = cls.get
 
-    def get(self: Any, key: str) -> bytes:
+    def get(self: Any, key: str, **kwargs: Any) -> bytes:
         if key.startswith("_delta_log/"):
             _gets["log"] += 1  # a Counter update: atomic enough under the GIL for a tally
-        return bytes(real(self, key))
+        return bytes(real(self, key, **kwargs))
 
     cls.get = get
 

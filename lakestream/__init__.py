@@ -17,6 +17,7 @@ from lakestream.errors import (
     StepNotAvailableError,
     StoreError,
     StreamSealedError,
+    TooLargeError,
 )
 from lakestream.replay import Marker
 from lakestream.stream import Stream, create, open
@@ -40,6 +41,7 @@ __all__ = [
     "StoreError",
     "Stream",
     "StreamSealedError",
+    "TooLargeError",
     "create",
     "open",
 ]

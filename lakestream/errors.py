@@ -19,6 +19,10 @@ class StoreError(LakestreamError):
     """The object store failed after its retries; for a write the outcome is unknown."""
 
 
+class TooLargeError(LakestreamError, ValueError):
+    """A stored object is larger than an object of its kind may be: read no further."""
+
+
 class PermissionDeniedError(LakestreamError):
     """The store refused a request for lack of permission (HTTP 401/403): definite, nothing
     was written. Not a StoreError, whose write outcome is unknown."""

@@ -20,6 +20,7 @@ from lakestream.schema import (
     encode_schema,
 )
 from lakestream.store.base import check_key
+from lakestream.stored import MAX_INT, count
 
 FORMAT_VERSION = 1
 GROUP_ENTRY_FORMAT = 2
@@ -38,6 +39,13 @@ REOPEN_IDLE_S = TOMBSTONE_TTL_S / 4
 """A handle whose view no read has confirmed at the log's head for this long reopens from
 the newest snapshot before it reads the log or commits: the tombstone after its view may
 be gone by then."""
+MAX_ENTRY_BYTES = 32 << 20
+"""The largest log entry written or read: 10,000 fragments (a commit's most) take ~5 MB, a
+producer's state the rest. A larger one is refused as damage, so no entry costs an opener
+more than this in time and memory."""
+MAX_CHECKPOINT_ID = 4096
+MAX_STATE_BYTES = 1 << 20
+"""A producer's state (a prompt cursor, say) is at most this much JSON."""
 LOG_DIR = "_delta_log/"
 DATA_DIR = "data/"
 _PLAIN_DATA_KEY = re.compile(r"data/(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)+[A-Za-z0-9_-][A-Za-z0-9._-]*"
@@ -106,6 +114,11 @@ def check_producer_id(producer_id: str) -> str:
     return producer_id
 
 
+def valid_group(group: object) -> bool:
+    """Whether ``group`` can name a consumer group (see ``check_group``)."""
+    return isinstance(group, str) and _NAME.fullmatch(group) is not None
+
+
 def check_group(group: str) -> str:
     """Returns ``group`` if it can name a consumer group.
 
@@ -113,7 +126,7 @@ def check_group(group: str) -> str:
         ValueError: not 1-128 letters, digits, '.', '_' or '-', starting with a letter or
             digit.
     """
-    if not isinstance(group, str) or not _NAME.fullmatch(group):
+    if not valid_group(group):
         raise ValueError(f"consumer group {group!r} is not valid: use 1-128 letters, digits, "
                          "'.', '_' or '-', starting with a letter or digit")
     return group
@@ -176,7 +189,7 @@ class StreamMeta:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StreamMeta:
         conf = d["configuration"]
-        fmt = int(conf.get("lakestream.formatVersion", -1))
+        fmt = count(conf.get("lakestream.formatVersion", -1), "format version", low=-1)
         if fmt < 1 or fmt > FORMAT_VERSION:
             raise CorruptLogError(
                 f"stream format version {fmt} is not supported by this lakestream "
@@ -184,11 +197,13 @@ class StreamMeta:
             )
         return cls(
             schema=decode_schema(conf["lakestream.arrowSchema"]),
-            global_batch_size=int(conf["lakestream.globalBatchSize"]),
-            group_size=int(conf["lakestream.groupSize"]),
-            snapshot_interval=int(conf.get("lakestream.snapshotInterval", 100)),
+            global_batch_size=count(conf["lakestream.globalBatchSize"], "global batch size",
+                                    low=1),
+            group_size=count(conf["lakestream.groupSize"], "group size", low=1),
+            snapshot_interval=count(conf.get("lakestream.snapshotInterval", 100),
+                                    "snapshot interval", low=1),
             table_id=d["id"],
-            created_ms=int(d.get("createdTime", 0)),
+            created_ms=count(d.get("createdTime", 0), "createdTime"),
         )
 
 
@@ -392,7 +407,7 @@ def check_state(state: Any) -> None:
         raise TypeError(f"entry state key at {where} is not a string: JSON keys are strings, "
                         "so it would come back changed after a restart; use string keys")
     try:
-        json.dumps(state, allow_nan=False)
+        size = len(json.dumps(state, allow_nan=False))
     except ValueError as e:
         raise ValueError(
             f"entry state holds NaN or Infinity, which is not JSON ({e}); Delta readers "
@@ -401,6 +416,11 @@ def check_state(state: Any) -> None:
         ) from None
     except TypeError as e:
         raise TypeError(f"entry state must be JSON-serialisable: {e}") from None
+    except RecursionError:
+        raise ValueError("entry state is nested too deeply to be JSON") from None
+    if size > MAX_STATE_BYTES:
+        raise ValueError(f"entry state is {size:,} bytes of JSON, over {MAX_STATE_BYTES:,}: "
+                         "keep a cursor in it, not data")
 
 
 def encode_entry(entry: Entry) -> bytes:
@@ -464,7 +484,11 @@ def encode_entry(entry: Entry) -> bytes:
     # ``_as_written`` cuts. allow_nan=False as a backstop: only the state holds floats.
     head, body = _dump(commit_info), "".join("\n" + line for line in lines)
     crc = zlib_ng.crc32((head + body).encode())
-    return (head[:-3] + f',"crc32":{crc}}}}}}}' + body + "\n").encode()
+    data = (head[:-3] + f',"crc32":{crc}}}}}}}' + body + "\n").encode()
+    if len(data) > MAX_ENTRY_BYTES:
+        raise ValueError(f"the entry is {len(data):,} bytes, over {MAX_ENTRY_BYTES:,}: commit "
+                         "fewer fragments at a time")
+    return data
 
 
 def _parse_lines(data: bytes, as_written: bool) -> list[Any]:
@@ -506,20 +530,19 @@ def entry_checksum(lines: list[dict[str, Any]]) -> int:
 
 def _fragment(action: dict[str, Any], version: int) -> FragmentRef:
     tags = action.get("tags") or {}
+    crc = tags.get("lakestream.crc32", -1)
     ref = FragmentRef(
         path=action["path"],
-        rows=int(tags["lakestream.rows"]),
-        size=int(action["size"]),
-        offset=int(tags["lakestream.offset"]),
-        seq=int(tags["lakestream.seq"]),
-        crc32=int(tags.get("lakestream.crc32", -1)),
+        rows=count(tags["lakestream.rows"], "rows"),
+        size=count(action["size"], "size"),
+        offset=count(tags["lakestream.offset"], "offset"),
+        seq=count(tags["lakestream.seq"], "seq", low=-MAX_INT),
+        crc32=count(crc, "crc32", low=-1),
     )
     try:
         check_data_key(ref.path)
     except ValueError as e:
         raise CorruptLogError(f"log version {version}: {e}") from None
-    if ref.rows < 0 or ref.offset < 0:
-        raise CorruptLogError(f"log version {version}: negative rows or offset in {ref.path}")
     return ref
 
 
@@ -580,6 +603,8 @@ def decode_entry(version: int, data: bytes) -> Entry:
             if version != 0:
                 raise ValueError("a create entry past version 0")
             return Create(StreamMeta.from_json(by_kind["metaData"][0]), cid)
+        if "group" in info and not isinstance(info["group"], str):
+            raise ValueError(f"group {str(info['group'])[:40]!r} is not a string")
         if op == "append":
             frags = tuple(_fragment(a, version) for a in by_kind.get("add", []))
             if not frags:
@@ -590,27 +615,43 @@ def decode_entry(version: int, data: bytes) -> Entry:
             producer = info["producer"]
             if producer is not None:
                 check_producer_id(producer)
-            return Append(producer, int(info["epoch"]), frags, info.get("state"), cid)
+            epoch = count(info["epoch"], "epoch", low=-MAX_INT)
+            return Append(producer, epoch, frags, info.get("state"), cid)
         if op == "fence":
-            return Fence(check_producer_id(info["producer"]), int(info["epoch"]), cid)
-        if op == "checkpoint":  # any name older writers accepted still reads
-            return Checkpoint(str(info["group"]), int(info["step"]), info.get("checkpoint_id"),
-                              cid)
+            epoch = count(info["epoch"], "epoch", low=-MAX_INT)
+            return Fence(check_producer_id(info["producer"]), epoch, cid)
+        if op == "checkpoint":
+            return Checkpoint(info["group"], count(info["step"], "step"),
+                              _checkpoint_id(info.get("checkpoint_id")), cid)
         if op == "register":
-            return Register(check_group(info["group"]), int(info["step"]), cid)
+            return Register(info["group"], count(info["step"], "step"), cid)
         if op == "remove_group":
-            return RemoveGroup(check_group(info["group"]), cid)
+            return RemoveGroup(info["group"], cid)
         if op == "seal":
             return Seal(cid)
         if op == "reclaim":
             removed = tuple(_fragment(a, version) for a in by_kind.get("remove", []))
-            return Reclaim(int(info["below_offset"]), removed, cid)
+            return Reclaim(count(info["below_offset"], "below_offset"), removed, cid)
         if op == "compacted":
             replaced = info.get("replaced")
-            return Compacted(int(info["snapshot"]), None if replaced is None else str(replaced),
-                             cid)
+            return Compacted(count(info["snapshot"], "snapshot"),
+                             None if replaced is None else str(replaced), cid)
         raise ValueError(f"unknown operation {op!r}")
     except CorruptLogError:
         raise
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError) as e:
-        raise CorruptLogError(f"log version {version} cannot be read: {e}") from None
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError,
+            RecursionError) as e:
+        problem = "its JSON is nested too deeply" if isinstance(e, RecursionError) else e
+        raise CorruptLogError(f"log version {version} cannot be read: {problem}") from None
+
+
+def _checkpoint_id(value: Any) -> str | None:
+    """A marker's checkpoint id: None or a string of at most ``MAX_CHECKPOINT_ID``
+    characters. It is data that names a location: the loaders decide whether to open it
+    (``lakestream.loaders.locations``), and terminals get it escaped."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_CHECKPOINT_ID:
+        raise ValueError(f"checkpoint id {str(value)[:80]!r} is not a string of at most "
+                         f"{MAX_CHECKPOINT_ID} characters")
+    return value

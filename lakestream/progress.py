@@ -16,8 +16,11 @@ from dataclasses import dataclass
 from lakestream.errors import NotFoundError, StoreError
 from lakestream.log import check_group
 from lakestream.store.base import ObjectStore
+from lakestream.stored import MAX_INT, count, loads
 
 PROGRESS_DIR = "_lakestream/progress/"
+MAX_PROGRESS_BYTES = 64 << 10
+"""A progress object is a few dozen bytes; a larger one is read as no progress."""
 @dataclass(frozen=True)
 class Progress:
     step: int
@@ -57,11 +60,13 @@ def delete_progress(store: ObjectStore, group: str) -> None:
 def read_progress(store: ObjectStore, group: str) -> Progress | None:
     """The group's published progress, or None if there is none (or it is unreadable)."""
     try:
-        d = json.loads(store.get(progress_key(group)))
+        d = loads(store.get(progress_key(group), max_bytes=MAX_PROGRESS_BYTES))
         pv, job = d.get("policy_version"), d.get("job")
-        return Progress(int(d["step"]), None if pv is None else int(pv),
+        return Progress(count(d["step"], "step"),
+                        None if pv is None else count(pv, "policy version", low=-MAX_INT),
                         float(d.get("updated", 0.0)), None if job is None else str(job))
-    except (NotFoundError, StoreError, ValueError, KeyError, TypeError):
+    except (NotFoundError, StoreError, ValueError, KeyError, TypeError, AttributeError):
+        # TooLargeError is a ValueError: a progress object that large is not progress.
         return None
 
 

@@ -22,7 +22,9 @@ from lakestream.log import (
     RemoveGroup,
     Seal,
     StreamMeta,
+    valid_group,
 )
+from lakestream.stored import MAX_INT
 
 
 @dataclass
@@ -63,6 +65,7 @@ class ReplayState:
         self.sealed_at: int | None = None
         """The stream's size in samples when it was sealed; None while it takes appends."""
 
+
     def copy(self) -> ReplayState:
         other = copy.copy(self)
         other.index = self.index.copy()
@@ -87,6 +90,33 @@ class ReplayState:
     def groups(self) -> list[str]:
         """Every consumer group the log knows: with markers or registered."""
         return sorted(set(self.markers) | set(self.registered))
+
+    def holds(self, keep_last: int) -> dict[str, int]:
+        """The step from which each consumer group holds data: the smallest resume step of
+        its last ``keep_last`` markers, else (registered, no marker) its registration step.
+
+        Raises:
+            ValueError: ``keep_last`` is not a positive int.
+        """
+        if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
+            raise ValueError(f"keep_last must be a positive int, got {keep_last!r}")
+        holds = {g: min(m.step for m in ms[-keep_last:]) for g, ms in self.markers.items()
+                 if ms}
+        for g, step in self.registered.items():
+            holds.setdefault(g, step)
+        return holds
+
+    def retention_point(self, keep_last: int) -> tuple[int, int]:
+        """``(step, offset)`` below which ``retain(keep_last)`` may reclaim: the smallest
+        step any group may still resume at, over its last ``keep_last`` markers and the
+        registration of each group with none. A stream with no group holds everything:
+        nothing says what is consumed. Progress objects never count."""
+        holds = self.holds(keep_last)
+        # Never past the stream's end: a reclaim there is corrupt (``_reclaim``).
+        step = min(min(holds.values()), self.num_steps) if holds else 0
+        below = max(step * self.stream_meta.global_batch_size, self.reclaimed_below) \
+            if step else self.reclaimed_below
+        return step, below
 
     def is_void(self, entry: Append) -> bool:
         """Whether an append would be void on top of this state (after a seal, fenced or
@@ -131,6 +161,12 @@ class ReplayState:
             applied = entry.epoch > p.epoch
             if applied:
                 p.epoch = entry.epoch
+        elif isinstance(entry, Checkpoint | Register | RemoveGroup) \
+                and not valid_group(entry.group):
+            # Writers refuse such a name; one that does not (another tool) has its entry
+            # void, so no name that could not be removed, or would print as terminal
+            # control sequences, ever becomes a group.
+            applied = False
         elif isinstance(entry, Checkpoint):
             self.markers.setdefault(entry.group, []).append(
                 Marker(entry.group, entry.step, entry.checkpoint_id, version))
@@ -144,7 +180,7 @@ class ReplayState:
             if applied:
                 self.sealed_at = self.next_offset
         elif isinstance(entry, Reclaim):
-            self._reclaim(version, entry)
+            applied = self._reclaim(version, entry)
         self.version = version
         return applied
 
@@ -162,6 +198,9 @@ class ReplayState:
                     f"replay places it at {offset}; the log is corrupt"
                 )
             offset += f.rows
+        if offset > MAX_INT:
+            raise CorruptLogError(f"log version {version} places samples past offset 2**63 - 1:"
+                                  " the log is corrupt")
         self.index.append(version, entry.fragments)
         self.next_offset = offset
         if entry.producer is not None:
@@ -171,7 +210,13 @@ class ReplayState:
             p.state = entry.state
         return True
 
-    def _reclaim(self, version: int, entry: Reclaim) -> None:
+    def _reclaim(self, version: int, entry: Reclaim) -> bool:
+        _, allowed = self.retention_point(1)
+        if entry.below_offset > allowed:
+            # Past what the groups' last markers hold: no retain writes that (it keeps at
+            # least every group's last marker), so a writer that is not retain did (a
+            # producer's identity may write the log). Void, as a fenced append is.
+            return False
         if entry.below_offset > self.next_offset:
             raise CorruptLogError(
                 f"log version {version} reclaims below offset {entry.below_offset}, past the "
@@ -191,6 +236,7 @@ class ReplayState:
                            if not all(f.path in gone for f in fs)]
         self.reclaimed_below = max(self.reclaimed_below, entry.below_offset)
         self.reclaim_versions.append(version)
+        return True
 
     def fragments_between(self, lo: int, hi: int) -> list[Fragment]:
         """Live fragments overlapping offsets ``[lo, hi)``, in offset order."""

@@ -11,12 +11,19 @@ from typing import TypeVar
 
 from tqdm import tqdm
 
-from lakestream.errors import CorruptLogError, NotFoundError, PermissionDeniedError, StoreError
+from lakestream.errors import (
+    CorruptLogError,
+    NotFoundError,
+    PermissionDeniedError,
+    StoreError,
+    TooLargeError,
+)
 from lakestream.failpoints import failpoint
 from lakestream.fragment import key_writer
 from lakestream.inventory import unreferenced
 from lakestream.log import (
     LOG_DIR,
+    MAX_ENTRY_BYTES,
     TOMBSTONE_TTL_S,
     Compacted,
     Entry,
@@ -71,13 +78,7 @@ def retention_point(state: ReplayState, keep_last: int) -> RetentionPoint:
     marker yet. A stream with no group holds everything: nothing says what is consumed.
     Only what groups committed counts (markers, registrations), never a progress object.
     """
-    if not isinstance(keep_last, int) or keep_last < 1:
-        raise ValueError(f"keep_last must be a positive int, got {keep_last!r}")
-    b = state.stream_meta.global_batch_size
-    holds = group_holds(state, keep_last)
-    # Never past the stream's end: a reclaim there is corrupt (``ReplayState._reclaim``).
-    step = min(min(holds.values()), state.num_steps) if holds else 0
-    below = max(step * b, state.reclaimed_below) if step else state.reclaimed_below
+    step, below = state.retention_point(keep_last)
     live = tuple(FragmentRef(f.path, f.rows, f.size, f.offset, -1, f.crc32)
                  for f in state.index.below(below))
     void = tuple(f for _v, fs in state.voided for f in fs)
@@ -85,14 +86,8 @@ def retention_point(state: ReplayState, keep_last: int) -> RetentionPoint:
 
 
 def group_holds(state: ReplayState, keep_last: int) -> dict[str, int]:
-    """The step from which each consumer group holds data: the smallest resume step of its
-    last ``keep_last`` markers, else (registered, no marker) its registration step."""
-    if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
-        raise ValueError(f"keep_last must be a positive int, got {keep_last!r}")
-    holds = {g: min(m.step for m in ms[-keep_last:]) for g, ms in state.markers.items() if ms}
-    for g, step in state.registered.items():
-        holds.setdefault(g, step)
-    return holds
+    """The step from which each consumer group holds data (``ReplayState.holds``)."""
+    return state.holds(keep_last)
 
 
 def reclaim_entry(state: ReplayState, keep_last: int, commit_id: str) -> Entry | None:
@@ -322,9 +317,11 @@ def _tombstone(store: ObjectStore, version: int, snapshot: int) -> bool:
     """Overwrites the entry at ``version`` with a tombstone naming ``snapshot`` and the
     replaced entry's commit id; False if a tombstone is there already (another gc's)."""
     try:
-        data = store.get(log_key(version))
+        data = store.get(log_key(version), max_bytes=MAX_ENTRY_BYTES)
     except NotFoundError:
         data = b""  # deleted by a gc from before tombstones: take the version all the same
+    except TooLargeError:
+        data = b""  # not an entry this lakestream wrote: replaced all the same
     replaced = _commit_id(data)
     if replaced is _ALREADY:
         return False

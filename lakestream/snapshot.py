@@ -35,6 +35,7 @@ from lakestream.errors import (
     CorruptLogError,
     LogCompactedError,
     NotFoundError,
+    TooLargeError,
 )
 from lakestream.failpoints import failpoint
 from lakestream.index import (
@@ -42,13 +43,22 @@ from lakestream.index import (
     Columns,
     FragmentIndex,
     Part,
+    SegmentError,
     check_part,
     encode_segment,
     fetch_segment,
 )
-from lakestream.log import FragmentRef, StreamMeta, log_key
+from lakestream.log import (
+    FragmentRef,
+    StreamMeta,
+    check_data_key,
+    check_group,
+    check_producer_id,
+    log_key,
+)
 from lakestream.replay import Marker, ProducerState, ReplayState
 from lakestream.store.base import ObjectStore
+from lakestream.stored import MAX_INT, count, loads
 from lakestream.tail import read_tail
 from lakestream.threads import shared_pool
 
@@ -67,6 +77,40 @@ _CRC_LINE = b"\ncrc32:"
 # for a torn Parquet footer). Decoding touches no store, so none of these is an outage;
 # store failures (StoreError) and bugs (AttributeError, ...) are never caught as corruption.
 _PARSE_ERRORS = (ValueError, KeyError, TypeError, IndexError, OSError, pa.ArrowException)
+
+
+MAX_MANIFEST_BYTES = 256 << 20
+"""The largest manifest read: it grows by a row per segment and with every producer's state
+and every marker (a million producers' cursors fit)."""
+MAX_SEGMENT_BYTES = 64 << 20
+"""The largest index segment read: 8,192 fragments take about 1 MB."""
+MAX_POINTER_BYTES = 4096
+
+
+def read_manifest(store: ObjectStore, version: int) -> bytes:
+    """The bytes of the snapshot manifest of ``version``, at most ``MAX_MANIFEST_BYTES``.
+
+    Raises:
+        NotFoundError: there is none. CorruptLogError: it is larger than that.
+        StoreError: the store failed.
+    """
+    key = snapshot_key(version)
+    try:
+        return store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+    except TooLargeError as e:
+        raise CorruptLogError(f"snapshot {key} cannot be read: {e}") from None
+
+
+def segment_fetcher(store: ObjectStore) -> Callable[[str], bytes]:
+    """How an index fetches its segments: a GET of at most ``MAX_SEGMENT_BYTES``."""
+
+    def fetch(key: str) -> bytes:
+        try:
+            return store.get(key, max_bytes=MAX_SEGMENT_BYTES)
+        except TooLargeError as e:
+            raise SegmentError(f"index segment {key} cannot be read: {e}", key) from None
+
+    return fetch
 
 
 def snapshot_key(version: int) -> str:
@@ -118,7 +162,9 @@ def _read_manifest(data: bytes) -> dict[str, Any]:
     body, sep, crc = data.rpartition(_CRC_LINE)
     if not sep or crc != str(zlib_ng.crc32(body)).encode() + b"\n":
         raise ValueError("its checksum does not match its content: it is damaged")
-    info: dict[str, Any] = json.loads(body)
+    info = loads(body)
+    if not isinstance(info, dict):
+        raise ValueError("it is not a JSON object")
     return info
 
 
@@ -131,19 +177,30 @@ def _parse_manifest(version: int, manifest: bytes) -> tuple[ReplayState, list[li
     state = ReplayState()
     state.version = version
     state.meta = StreamMeta.from_json(info["meta"])
-    state.next_offset = int(info["next_offset"])
-    state.reclaimed_below = int(info["reclaimed_below"])
-    state.reclaim_versions = [int(v) for v in info["reclaim_versions"]]
-    state.producers = {k: ProducerState(int(e), int(s), st)
+    state.next_offset = count(info["next_offset"], "next_offset")
+    state.reclaimed_below = count(info["reclaimed_below"], "reclaimed_below")
+    state.reclaim_versions = [count(v, "reclaim version") for v in info["reclaim_versions"]]
+    state.producers = {check_producer_id(k): ProducerState(count(e, "epoch", low=-MAX_INT),
+                                                           count(s, "seq", low=-MAX_INT), st)
                        for k, (e, s, st) in info["producers"].items()}
-    state.markers = {g: [Marker(g, int(s), c, int(v)) for s, c, v in ms]
+    state.markers = {check_group(g): [Marker(g, count(s, "step"), c, count(v, "version"))
+                                      for s, c, v in ms]
                      for g, ms in info["markers"].items()}
     # Manifests written before registration existed have none: no log held a Register.
-    state.registered = {g: int(s) for g, s in info.get("registered", {}).items()}
+    state.registered = {check_group(g): count(s, "step")
+                        for g, s in info.get("registered", {}).items()}
     sealed = info.get("sealed_at")  # absent before sealing existed: not sealed
-    state.sealed_at = None if sealed is None else int(sealed)
-    state.voided = [(int(v), tuple(FragmentRef(*f) for f in fs)) for v, fs in info["voided"]]
+    state.sealed_at = None if sealed is None else count(sealed, "sealed_at")
+    state.voided = [(count(v, "version"), tuple(_void_file(f) for f in fs))
+                    for v, fs in info["voided"]]
     return state, list(info["segments"]), int(info["format"])
+
+
+def _void_file(row: list[Any]) -> FragmentRef:
+    path, rows, size, offset, seq, crc = row
+    return FragmentRef(check_data_key(path), count(rows, "rows"), count(size, "size"),
+                       count(offset, "offset"), count(seq, "seq", low=-MAX_INT),
+                       count(crc, "crc32", low=-1))
 
 
 def _overlaps(prev_lo: int, prev_hi: int, prev_end: int, lo: int, hi: int, start: int) -> bool:
@@ -164,8 +221,11 @@ def _stored_parts(rows: list[list[Any]]) -> list[Part]:
     parts: list[Part] = []
     prev_lo = prev_hi = prev_end = -1
     for name, lo, hi, n, c, start, end in rows:
-        if not type(lo) is type(hi) is type(n) is type(c) is type(start) is type(end) is int:
-            raise ValueError(f"segment row {[name, lo, hi, n, c, start, end]} is not numbers")
+        if not type(lo) is type(hi) is type(n) is type(c) is type(start) is type(end) is int \
+                or not 0 <= min(lo, hi, n, c, start, end) <= max(lo, hi, c, start, end) \
+                <= MAX_INT or n > SEGMENT_FRAGMENTS or not isinstance(name, str):
+            raise ValueError(f"segment row {[name, lo, hi, n, c, start, end]} is not numbers "
+                             "in range")
         if _overlaps(prev_lo, prev_hi, prev_end, lo, hi, start):
             raise ValueError(f"segment {name} overlaps the one before it")
         parts.append(make(Part, (lo, hi, start, end, n, INDEX_DIR + name, c, None, ())))
@@ -271,7 +331,8 @@ def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
     failpoint("during_snapshot")
     store.put(HINT_KEY, json.dumps({"version": state.version}).encode(), mode="overwrite")
     if ours:
-        index.fetch = index.fetch or store.get  # what it held in memory is in the store now
+        # What it held in memory is in the store now.
+        index.fetch = index.fetch or segment_fetcher(store)
         index.replace_parts(parts)
         index.removals = [r for r in index.removals if r.version > state.version]
     else:
@@ -288,7 +349,7 @@ def _put_segment(store: ObjectStore, index: FragmentIndex, key: str, lo: int, hi
         # Another writer's bytes (maybe another pyarrow's). Put them back as they are: a
         # fresh timestamp keeps gc from deleting them as unnamed before our manifest lands.
         try:
-            data = store.get(key)
+            data = segment_fetcher(store)(key)
             store.put(key, data, mode="overwrite")
         except NotFoundError:
             store.put(key, data, mode="create")
@@ -312,7 +373,7 @@ def rebase(store: ObjectStore, state: ReplayState) -> bool:
     if not (memory and version > memory[0].lo or stale):
         return True  # nothing a newer manifest would change
     try:
-        _, rows, fmt = _parse_manifest(version, store.get(snapshot_key(version)))
+        _, rows, fmt = _parse_manifest(version, read_manifest(store, version))
         stored = _stored_parts(rows) if fmt >= 3 else None
     except NotFoundError:
         return False  # not written yet: its writer may still be at it
@@ -326,7 +387,7 @@ def rebase(store: ObjectStore, state: ReplayState) -> bool:
         pending = tuple(r for r in later if r.paths and p.start < r.below)
         parts.append(p._replace(pending=pending) if pending else p)
     parts += [p for p in index.parts if p.lo >= version]
-    index.fetch = index.fetch or store.get
+    index.fetch = index.fetch or segment_fetcher(store)
     index.replace_parts(parts)
     index.removals = later
     return True
@@ -340,7 +401,7 @@ def snapshot_segments(store: ObjectStore, version: int) -> list[str]:
         CorruptLogError: its manifest cannot be read.
         StoreError: the store failed.
     """
-    data = store.get(snapshot_key(version))
+    data = read_manifest(store, version)
     try:
         info = _read_manifest(data)
         prefix = "" if info["format"] == 2 else INDEX_DIR  # format 2 rows hold whole keys
@@ -365,8 +426,7 @@ def read_version_pointer(store: ObjectStore, key: str) -> int | None:
         StoreError: the store failed.
     """
     try:
-        v = json.loads(store.get(key))["version"]
-        return v if isinstance(v, int) and v >= 0 else None
+        return count(loads(store.get(key, max_bytes=MAX_POINTER_BYTES))["version"], "version")
     except (NotFoundError, ValueError, KeyError, TypeError):
         return None
 
@@ -452,7 +512,8 @@ def _newest_snapshot(store: ObjectStore, errors: list[str], start: int | None = 
             start = 0
         if start is not None:
             try:
-                known = decode_snapshot(start, store.get(snapshot_key(start)), store.get)
+                known = decode_snapshot(start, read_manifest(store, start),
+                                        segment_fetcher(store))
             except (NotFoundError, CorruptLogError) as e:
                 errors.append(str(e))
             else:
@@ -460,7 +521,8 @@ def _newest_snapshot(store: ObjectStore, errors: list[str], start: int | None = 
                 if latest == start:
                     return known
                 try:
-                    return decode_snapshot(latest, store.get(snapshot_key(latest)), store.get)
+                    return decode_snapshot(latest, read_manifest(store, latest),
+                                           segment_fetcher(store))
                 except (NotFoundError, CorruptLogError) as e:
                     errors.append(str(e))
                     return known
@@ -468,7 +530,8 @@ def _newest_snapshot(store: ObjectStore, errors: list[str], start: int | None = 
     for key in sorted((m.key for m in store.list(SNAPSHOT_DIR)), reverse=True):
         try:
             version = snapshot_version(key)
-            return decode_snapshot(version, store.get(key), store.get)
+            return decode_snapshot(version, read_manifest(store, version),
+                                   segment_fetcher(store))
         except (ValueError, NotFoundError, CorruptLogError) as e:
             errors.append(str(e))
     return None

@@ -97,7 +97,7 @@ class Stream:
             state.stream_meta.snapshot_interval
         self._damaged_index = False
         self._lock = threading.Lock()
-        self._reader = FragmentReader(store)
+        self._reader = FragmentReader(store, schema=state.stream_meta.schema)
         self._confirmed = time.monotonic()
         """When a read last found the log's head (monotonic): a view not confirmed for
         ``REOPEN_IDLE_S`` is reopened before it is used again (docs/design.md §7)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from lakestream.errors import NotFoundError
-from lakestream.log import Entry, decode_entry, log_key
+from lakestream.errors import CorruptLogError, NotFoundError, TooLargeError
+from lakestream.log import MAX_ENTRY_BYTES, Entry, decode_entry, log_key
 from lakestream.replay import ReplayState
 from lakestream.store.base import ObjectStore
 from lakestream.threads import shared_pool
@@ -27,7 +27,12 @@ def read_entry(store: ObjectStore, version: int) -> Entry:
         CorruptLogError: it exists but cannot be parsed.
         StoreError: the store failed.
     """
-    return decode_entry(version, store.get(log_key(version)))
+    key = log_key(version)
+    try:
+        data = store.get(key, max_bytes=MAX_ENTRY_BYTES)
+    except TooLargeError as e:
+        raise CorruptLogError(f"log version {version} cannot be read: {e}") from None
+    return decode_entry(version, data)
 
 
 def entry_or_none(store: ObjectStore, version: int) -> Entry | None:

@@ -7,11 +7,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError
+from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError, TooLargeError
 from lakestream.fragment import FragmentReader
-from lakestream.log import decode_entry, log_key
+from lakestream.log import MAX_ENTRY_BYTES, decode_entry, log_key
 from lakestream.replay import ReplayState
-from lakestream.snapshot import SNAPSHOT_DIR, decode_snapshot, snapshot_key, snapshot_version
+from lakestream.snapshot import (
+    SNAPSHOT_DIR,
+    decode_snapshot,
+    read_manifest,
+    segment_fetcher,
+    snapshot_key,
+    snapshot_version,
+)
 from lakestream.store.base import ObjectStore
 
 
@@ -41,7 +48,7 @@ def _oldest_snapshot(store: ObjectStore, snapshots: list[int], at_least: int,
         if v < at_least:
             continue
         try:
-            return decode_snapshot(v, store.get(snapshot_key(v)), store.get)
+            return decode_snapshot(v, read_manifest(store, v), segment_fetcher(store))
         except (CorruptLogError, NotFoundError) as e:
             report.problems.append(str(e))
     report.problems.append(f"no readable snapshot at or after version {at_least} to start "
@@ -60,12 +67,13 @@ def _replay(store: ObjectStore, state: ReplayState, wanted: set[int],
     while True:
         v = state.version + 1
         try:
-            data = store.get(log_key(v))
+            data = store.get(log_key(v), max_bytes=MAX_ENTRY_BYTES)
             state.apply(v, decode_entry(v, data))
         except NotFoundError:
             return True
-        except CorruptLogError as e:
-            report.problems.append(str(e))
+        except (CorruptLogError, TooLargeError) as e:
+            report.problems.append(str(e) if isinstance(e, CorruptLogError)
+                                   else f"log version {v} cannot be read: {e}")
             return False
         report.entries += 1
         if not strict_json(data):
@@ -77,7 +85,8 @@ def _replay(store: ObjectStore, state: ReplayState, wanted: set[int],
             report.snapshots += 1
             key = snapshot_key(v)
             try:
-                if _summary(decode_snapshot(v, store.get(key), store.get)) != _summary(state):
+                snapshot = decode_snapshot(v, read_manifest(store, v), segment_fetcher(store))
+                if _summary(snapshot) != _summary(state):
                     report.problems.append(f"snapshot {key} differs from the replay of the log")
             except (CorruptLogError, NotFoundError) as e:
                 report.problems.append(str(e))
@@ -131,11 +140,11 @@ def verify(store: ObjectStore) -> VerifyReport:
             report.entries = report.snapshots = 0
     if state is None or not sound:
         return report
-    reader = FragmentReader(store, cache_size=0)
+    reader = FragmentReader(store, cache_size=0, schema=state.stream_meta.schema)
     for f in state.all_fragments():
         report.fragments += 1
         try:
-            reader.read(f.path, f.size, 0, f.rows, crc32=f.crc32)
+            reader.read(f.path, f.size, 0, f.rows, crc32=f.crc32, rows=f.rows)
         except (CorruptLogError, NotFoundError) as e:
             report.problems.append(str(e))
     return report

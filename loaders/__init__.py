@@ -3,13 +3,26 @@ distributed checkpoint (needs the ``torch`` extra)."""
 
 from __future__ import annotations
 
-from lakestream.loaders.checkpoint import load_checkpoint, save_checkpoint
+from typing import Any
+
 from lakestream.loaders.collate import collate_table
 from lakestream.loaders.dataset import StreamDataset
 from lakestream.loaders.loader import StreamLoader
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.reader import StepReader
 from lakestream.steps import Source
+
+
+def __getattr__(name: str) -> Any:
+    """``save_checkpoint`` and ``load_checkpoint`` on first use: they import
+    ``torch.distributed.checkpoint`` (a second, paid again by every spawned DataLoader worker,
+    which imports this package to unpickle its dataset and never checkpoints)."""
+    if name in ("save_checkpoint", "load_checkpoint"):
+        from lakestream.loaders import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Source", "StepReader", "StreamDataset", "StreamLoader", "collate_table",
            "load_checkpoint", "resolve_rank", "save_checkpoint", "worker_steps"]

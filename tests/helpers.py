@@ -88,8 +88,8 @@ class HookedStore:
     def put(self, key: str, data: bytes, *, mode: str = "overwrite") -> None:
         self._call("put", key, data, mode=mode)
 
-    def get(self, key: str) -> bytes:
-        return bytes(self._call("get", key))
+    def get(self, key: str, **kwargs: Any) -> bytes:
+        return bytes(self._call("get", key, **kwargs))
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return bytes(self._call("get_range", key, start, end))

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Literal, Protocol
 
+from lakestream.errors import TooLargeError
+
 PutMode = Literal["create", "overwrite"]
 """``create`` writes the whole object or fails with AlreadyExistsError; ``overwrite`` replaces."""
 
@@ -40,7 +42,11 @@ class ObjectStore(Protocol):
         Arrow's buffer without a copy."""
         ...
 
-    def get(self, key: str) -> bytes: ...
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """The object's bytes. With ``max_bytes``, at most that many are read (a ranged
+        GET on S3): a larger object raises ``TooLargeError``, so no reader of stored bytes
+        spends more time or memory than its kind allows."""
+        ...
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Returns bytes ``[start, end)``."""
@@ -59,6 +65,18 @@ class ObjectStore(Protocol):
     def open_input(self, key: str, size: int | None = None) -> BinaryIO:
         """A seekable binary reader for Parquet; S3 reads only the ranges asked for."""
         ...
+
+
+def too_large(key: str, data: bytes, max_bytes: int | None) -> bytes:
+    """``data`` read for ``get(key, max_bytes=...)``, unless it holds more than that.
+
+    Raises:
+        TooLargeError: naming the key and the bound.
+    """
+    if max_bytes is not None and len(data) > max_bytes:
+        raise TooLargeError(f"{key} is larger than {max_bytes:,} bytes, the most an object "
+                            "of its kind may be: it is not one this lakestream wrote")
+    return data
 
 
 def check_key(key: str) -> str:

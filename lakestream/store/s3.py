@@ -54,7 +54,7 @@ from lakestream.errors import (
     PermissionDeniedError,
     StoreError,
 )
-from lakestream.store.base import ObjectMeta, PutMode, check_key
+from lakestream.store.base import ObjectMeta, PutMode, check_key, too_large
 from lakestream.store.s3_options import S3Options, check_config, lookup, with_client_environment
 
 __all__ = ["S3Options", "S3Store", "s3_filesystem"]
@@ -223,7 +223,9 @@ class S3Store:
             cap = min(self.options.backoff_cap_s, self.options.backoff_init_s * 2 ** attempt)
             time.sleep(random.uniform(cap / 2, cap))
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        if max_bytes is not None:
+            return too_large(key, self.get_range(key, 0, max_bytes + 1), max_bytes)
         try:
             return bytes(obstore.get(self._store, check_key(key)).bytes())
         except (_ObError, OSError) as e:
@@ -235,6 +237,10 @@ class S3Store:
         try:
             return bytes(obstore.get_range(self._store, check_key(key), start=start, end=end))
         except (_ObError, OSError) as e:
+            if start == 0 and ("416" in str(e) or "InvalidRange" in str(e)):
+                # No byte to serve, as for an empty object: read it whole to be sure (a
+                # server may answer so while a create of the key is under way).
+                return self.get(key)
             raise self._fail("reading", key, e) from None
 
     def head(self, key: str) -> ObjectMeta:

@@ -175,9 +175,9 @@ class _SlowStore:
     def uri(self) -> str:
         return self.inner.uri  # type: ignore[attr-defined,no-any-return]
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, **kwargs: object) -> bytes:
         time.sleep(self.delay_s)
-        return self.inner.get(key)  # type: ignore[attr-defined,no-any-return]
+        return self.inner.get(key, **kwargs)  # type: ignore[attr-defined,no-any-return]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)

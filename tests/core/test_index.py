@@ -30,9 +30,9 @@ class MeteredStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, **kwargs: Any) -> bytes:
         kind = "index" if key.startswith(INDEX_DIR) else "other"
-        data: bytes = self.inner.get(key)
+        data: bytes = self.inner.get(key, **kwargs)
         self.requests[kind] += 1
         self.bytes[kind] += len(data)
         return data
@@ -138,6 +138,7 @@ def test_a_reclaim_shrinks_stored_segments_when_they_are_read(tmp_path) -> None:
     uri = str(tmp_path / "s")
     _wide(uri, 100, per_entry=10)
     s = lakestream.open(uri)  # every fragment in stored segments
+    s.register_group("train", 2)  # a group that holds from offset 8: what may go
     gone = tuple(FragmentRef(f"data/x/{k:09d}.parquet", 1, 100, k, -1, 7) for k in range(8))
     s.commit(lambda _state, cid: Reclaim(8, gone, cid))
     assert [f.offset for f in s.state.all_fragments()] == list(range(8, 100))
@@ -154,6 +155,7 @@ def test_a_reclaim_of_a_fragment_past_its_point_is_corrupt_for_every_handle(tmp_
     # holding it in a stored segment ignored it or failed later, when reading the segment.
     uri = str(tmp_path / "s")
     _wide(uri, 100, per_entry=10)
+    lakestream.open(uri).register_group("train", 1)  # reclaims below offset 4 may land
     stored = lakestream.open(uri)  # from the snapshot at version 10: segments
     replayed = lakestream.open(uri)
     replayed._state = load_state(NoSnapshots(replayed.store), uri)  # fragments in memory
@@ -174,12 +176,12 @@ class NoSnapshots:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, **kwargs: Any) -> bytes:
         if key.startswith("_lakestream/"):
             from lakestream.errors import NotFoundError
 
             raise NotFoundError(key)
-        data: bytes = self.inner.get(key)
+        data: bytes = self.inner.get(key, **kwargs)
         return data
 
     def head(self, key: str) -> Any:
@@ -308,6 +310,7 @@ def test_a_reclaim_that_shrinks_nothing_rewrites_no_segment(tmp_path) -> None:
     uri = str(tmp_path / "s")
     _wide(uri, 100, per_entry=10)
     s = lakestream.open(uri)
+    s.register_group("train", 13)  # holds from offset 52
     keys = [p.key for p in s.state.index.parts]
     void = (FragmentRef("data/void/0.parquet", 1, 100, 0, 0, 7),)  # not a live file
     s.commit(lambda _state, cid: Reclaim(50, void, cid))

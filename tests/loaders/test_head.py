@@ -22,10 +22,10 @@ def _tail(tmp_path, readers: int, monkeypatch) -> tuple[int, list[list[int]]]:
     gets: Counter[str] = Counter()
     real_get = LocalStore.get
 
-    def counted(self: LocalStore, key: str) -> bytes:
+    def counted(self: LocalStore, key: str, **kwargs: object) -> bytes:
         if key.startswith("_delta_log/"):
             gets["log"] += 1
-        return real_get(self, key)
+        return real_get(self, key, **kwargs)  # type: ignore[arg-type]
 
     s = lakestream.create(str(tmp_path / f"s{readers}"), SCHEMA, global_batch_size=B)
     got: list[list[int]] = [[] for _ in range(readers)]

@@ -131,7 +131,11 @@ def test_max_staleness_holds_exactly_with_producers_racing_ahead_of_a_slow_train
                     version = progress.policy_version or 0 if progress else 0
                     p.write(group(1_000_000 * i + G * n, version))
                     n += 1
-                    time.sleep(0.002)
+                    # Three producers at ~100 groups/s each: over twice the ~130 groups/s the
+                    # trainer takes, under what it can read and drop on two cores. Flat out
+                    # (~500/s) they outran its reading, every group it read was stale, and
+                    # whether it finished in the 120 s depended on the machine's load.
+                    time.sleep(0.01)
         except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
 
