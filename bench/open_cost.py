@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 import lakestream
-from lakestream.log import Fence
-from lakestream.snapshot import load_state
+from lakestream.log.entries import Fence
+from lakestream.log.snapshot import load_state
 from lakestream.store import open_store
 
 RESULTS = Path(__file__).parent / "results"

@@ -61,8 +61,8 @@ def build(uri: str, fragments: int) -> None:
     the first and last exist."""
     import zlib
 
-    from lakestream.fragment import encode_fragment
-    from lakestream.log import Append, FragmentRef
+    from lakestream.log.entries import Append, FragmentRef
+    from lakestream.read.fragments import encode_fragment
 
     s = lakestream.create(uri, SCHEMA, global_batch_size=B, snapshot_interval=10)
     per = fragments // VERSIONS
@@ -110,7 +110,7 @@ def _probe(uri: str, what: str, out: Any) -> None:
     """One measurement in a fresh process."""
     import gc
 
-    from lakestream.snapshot import load_state
+    from lakestream.log.snapshot import load_state
     from lakestream.store import open_store
 
     gc.collect()

@@ -27,7 +27,7 @@ from typing import Any
 
 import lakestream
 from lakestream.demo.rollout import SCHEMA, G
-from lakestream.progress import read_progress
+from lakestream.log.progress import read_progress
 
 
 @dataclass(frozen=True)
@@ -319,8 +319,8 @@ def summary(pipe: Pipeline, facts: dict[str, Any]) -> list[str]:
 
 
 def _reclaimed_bytes(s: lakestream.Stream) -> int:
-    from lakestream.log import Reclaim
-    from lakestream.tail import read_entry
+    from lakestream.log.entries import Reclaim
+    from lakestream.log.tail import read_entry
 
     total = 0
     for v in s.state.reclaim_versions:

@@ -19,7 +19,7 @@ from lakestream.errors import (
     StreamSealedError,
     TooLargeError,
 )
-from lakestream.replay import Marker
+from lakestream.log.replay import Marker
 from lakestream.stream import Stream, create, open
 
 __version__ = "0.1.0"

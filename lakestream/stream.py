@@ -18,19 +18,8 @@ from lakestream.errors import (
     StepNotAvailableError,
     StoreError,
 )
-from lakestream.fragment import (
-    ANONYMOUS,
-    FragmentCache,
-    FragmentReader,
-    encode_fragment,
-    fragment_key,
-    put_fragment,
-    read_spans,
-)
 from lakestream.head import shared_head
-from lakestream.index import Fragment, SegmentError
-from lakestream.lineage import StepLineage, step_lineage
-from lakestream.log import (
+from lakestream.log.entries import (
     REOPEN_IDLE_S,
     Append,
     Checkpoint,
@@ -45,9 +34,7 @@ from lakestream.log import (
     encode_entry,
     log_key,
 )
-from lakestream.plan import check_world, slice_offsets
-from lakestream.replay import Marker, ReplayState, refuse_if_sealed
-from lakestream.retention import (
+from lakestream.log.gc import (
     GcReport,
     RetentionPoint,
     collect,
@@ -56,11 +43,11 @@ from lakestream.retention import (
     retention_point,
     store_now,
 )
-from lakestream.schema import conform, validate_schema
-from lakestream.snapshot import load_state, rebase, replay_log, write_snapshot
-from lakestream.store import ObjectStore, open_store
-from lakestream.tail import ReadEntry, catch_up, entry_or_none
-from lakestream.transaction import (
+from lakestream.log.index import Fragment, SegmentError
+from lakestream.log.replay import Marker, ReplayState, refuse_if_sealed
+from lakestream.log.snapshot import load_state, rebase, replay_log, write_snapshot
+from lakestream.log.tail import ReadEntry, catch_up, entry_or_none
+from lakestream.log.transaction import (
     DEFAULT_POST_COMMIT,
     Build,
     CommitOptions,
@@ -71,6 +58,19 @@ from lakestream.transaction import (
     Transaction,
     unwrap,
 )
+from lakestream.plan.slices import check_world, slice_offsets
+from lakestream.read.fragments import (
+    ANONYMOUS,
+    FragmentCache,
+    FragmentReader,
+    encode_fragment,
+    fragment_key,
+    put_fragment,
+    read_spans,
+)
+from lakestream.read.lineage import StepLineage, step_lineage
+from lakestream.schema.conform import conform, validate_schema
+from lakestream.store import ObjectStore, open_store
 
 log = logging.getLogger("lakestream")
 

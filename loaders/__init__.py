@@ -10,7 +10,7 @@ from lakestream.loaders.dataset import StreamDataset
 from lakestream.loaders.loader import StreamLoader
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.reader import StepReader
-from lakestream.steps import Source
+from lakestream.read.steps import Source
 
 
 def __getattr__(name: str) -> Any:

@@ -22,7 +22,7 @@ from lakestream.failpoints import failpoint
 from lakestream.loaders.dataset import STATE_KEYS, StreamDataset, StreamMismatchError
 from lakestream.loaders.locations import CheckpointLocationError, Location, check_location
 from lakestream.loaders.safe_load import SafeLoadPlanner, read_metadata
-from lakestream.replay import Marker
+from lakestream.log.replay import Marker
 from lakestream.store import open_filesystem
 
 __all__ = ["CheckpointLocationError", "StreamMismatchError", "load_checkpoint",

@@ -16,10 +16,10 @@ from lakestream.loaders.collate import Collate, collate_table
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader, Stop
-from lakestream.log import check_group
-from lakestream.mix import resume_position
-from lakestream.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
-from lakestream.steps import Source, Steps, open_mix
+from lakestream.log.entries import check_group
+from lakestream.plan.mix import resume_position
+from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
+from lakestream.read.steps import Source, Steps, open_mix
 from lakestream.stream import Stream
 
 STATE_VERSION = 4

@@ -11,8 +11,8 @@ import uuid
 from collections.abc import Callable
 
 from lakestream.errors import LakestreamError
-from lakestream.progress import Progress, publish_progress, read_progress
-from lakestream.steps import Steps
+from lakestream.log.progress import Progress, publish_progress, read_progress
+from lakestream.read.steps import Steps
 from lakestream.store.base import ObjectStore
 
 log = logging.getLogger("lakestream")

@@ -12,7 +12,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
-from lakestream.steps import MixSteps, Steps
+from lakestream.read.steps import MixSteps, Steps
 from lakestream.stream import Stream
 
 LATENCY_WINDOW = 4096

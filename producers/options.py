@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lakestream.transaction import CommitOptions
+from lakestream.log.transaction import CommitOptions
 
 CommitPolicy = Literal["adaptive", "per-fragment"]
 

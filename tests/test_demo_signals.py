@@ -40,7 +40,7 @@ def _alive(pid: int) -> bool:
 def test_a_stopped_demo_leaves_no_process_and_no_folder(tmp_path: Path, sig: int) -> None:
     temp = tmp_path / "tmp"
     temp.mkdir()
-    demo = subprocess.Popen([sys.executable, "-m", "lakestream.cli", "demo"],
+    demo = subprocess.Popen([sys.executable, "-m", "lakestream.ops.cli", "demo"],
                             env={**os.environ, "TMPDIR": str(temp)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children: set[int] = set()

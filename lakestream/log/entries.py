@@ -13,14 +13,14 @@ import pyarrow as pa
 from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError
-from lakestream.schema import (
+from lakestream.schema.conform import (
     decode_schema,
     delta_schema_string,
     delta_table_features,
     encode_schema,
 )
 from lakestream.store.base import check_key
-from lakestream.stored import MAX_INT, count
+from lakestream.store.parse import MAX_INT, count
 
 FORMAT_VERSION = 1
 GROUP_ENTRY_FORMAT = 2

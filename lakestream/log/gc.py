@@ -19,9 +19,7 @@ from lakestream.errors import (
     TooLargeError,
 )
 from lakestream.failpoints import failpoint
-from lakestream.fragment import key_writer
-from lakestream.inventory import unreferenced
-from lakestream.log import (
+from lakestream.log.entries import (
     LOG_DIR,
     MAX_ENTRY_BYTES,
     TOMBSTONE_TTL_S,
@@ -34,8 +32,9 @@ from lakestream.log import (
     log_key,
     log_version,
 )
-from lakestream.replay import ReplayState
-from lakestream.snapshot import (
+from lakestream.log.inventory import unreferenced
+from lakestream.log.replay import ReplayState
+from lakestream.log.snapshot import (
     INDEX_DIR,
     SNAPSHOT_DIR,
     read_version_pointer,
@@ -43,8 +42,9 @@ from lakestream.snapshot import (
     snapshot_segments,
     snapshot_version,
 )
+from lakestream.log.tail import read_entry
+from lakestream.read.fragments import key_writer
 from lakestream.store.base import ObjectMeta, ObjectStore
-from lakestream.tail import read_entry
 
 T = TypeVar("T")
 IN_FLIGHT_MIN_AGE_S = 86_400.0

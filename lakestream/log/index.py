@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError, NotFoundError
-from lakestream.log import FragmentRef
+from lakestream.log.entries import FragmentRef
 
 FRAGMENT_SCHEMA = pa.schema([
     ("offset", pa.int64()), ("rows", pa.int64()), ("path", pa.string()),

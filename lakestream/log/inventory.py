@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from lakestream.log import DATA_DIR
-from lakestream.replay import ReplayState
+from lakestream.log.entries import DATA_DIR
+from lakestream.log.replay import ReplayState
 from lakestream.store.base import ObjectMeta, ObjectStore
 
 

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 
 from lakestream.errors import NotFoundError, StoreError
-from lakestream.log import check_group
+from lakestream.log.entries import check_group
 from lakestream.store.base import ObjectStore
-from lakestream.stored import MAX_INT, count, loads
+from lakestream.store.parse import MAX_INT, count, loads
 
 PROGRESS_DIR = "_lakestream/progress/"
 MAX_PROGRESS_BYTES = 64 << 10

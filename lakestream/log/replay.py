@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakestream.errors import CorruptLogError, LogCompactedError, StreamSealedError
-from lakestream.index import Fragment, FragmentIndex, Removal
-from lakestream.log import (
+from lakestream.log.entries import (
     Append,
     Checkpoint,
     Compacted,
@@ -24,7 +23,8 @@ from lakestream.log import (
     StreamMeta,
     valid_group,
 )
-from lakestream.stored import MAX_INT
+from lakestream.log.index import Fragment, FragmentIndex, Removal
+from lakestream.store.parse import MAX_INT
 
 
 @dataclass

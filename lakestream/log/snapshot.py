@@ -38,7 +38,15 @@ from lakestream.errors import (
     TooLargeError,
 )
 from lakestream.failpoints import failpoint
-from lakestream.index import (
+from lakestream.log.entries import (
+    FragmentRef,
+    StreamMeta,
+    check_data_key,
+    check_group,
+    check_producer_id,
+    log_key,
+)
+from lakestream.log.index import (
     SEGMENT_FRAGMENTS,
     Columns,
     FragmentIndex,
@@ -48,19 +56,11 @@ from lakestream.index import (
     encode_segment,
     fetch_segment,
 )
-from lakestream.log import (
-    FragmentRef,
-    StreamMeta,
-    check_data_key,
-    check_group,
-    check_producer_id,
-    log_key,
-)
-from lakestream.replay import Marker, ProducerState, ReplayState
+from lakestream.log.replay import Marker, ProducerState, ReplayState
+from lakestream.log.tail import read_tail
+from lakestream.log.threads import shared_pool
 from lakestream.store.base import ObjectStore
-from lakestream.stored import MAX_INT, count, loads
-from lakestream.tail import read_tail
-from lakestream.threads import shared_pool
+from lakestream.store.parse import MAX_INT, count, loads
 
 log = logging.getLogger("lakestream")
 SNAPSHOT_DIR = "_lakestream/snapshots/"

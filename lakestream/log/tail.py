@@ -6,10 +6,10 @@ import time
 from collections.abc import Callable, Iterable
 
 from lakestream.errors import CorruptLogError, NotFoundError, TooLargeError
-from lakestream.log import MAX_ENTRY_BYTES, Entry, decode_entry, log_key
-from lakestream.replay import ReplayState
+from lakestream.log.entries import MAX_ENTRY_BYTES, Entry, decode_entry, log_key
+from lakestream.log.replay import ReplayState
+from lakestream.log.threads import shared_pool
 from lakestream.store.base import ObjectStore
-from lakestream.threads import shared_pool
 
 TAIL_WIDTH = 16
 SLOW_ROUND_S = 0.002

@@ -28,11 +28,11 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.failpoints import failpoint
-from lakestream.log import Compacted, Entry, encode_entry, log_key, new_commit_id
-from lakestream.replay import ReplayState
-from lakestream.snapshot import load_state, write_snapshot
+from lakestream.log.entries import Compacted, Entry, encode_entry, log_key, new_commit_id
+from lakestream.log.replay import ReplayState
+from lakestream.log.snapshot import load_state, write_snapshot
+from lakestream.log.tail import catch_up, read_entry
 from lakestream.store.base import ObjectStore
-from lakestream.tail import catch_up, read_entry
 
 log = logging.getLogger("lakestream")
 

@@ -20,10 +20,9 @@ import pyarrow as pa
 
 from lakestream import __version__
 from lakestream.errors import LakestreamError
-from lakestream.lineage import SampleLineage, StepLineage
-from lakestream.log import check_group
-from lakestream.progress import delete_progress, progress_exists, read_progress
-from lakestream.status import (
+from lakestream.log.entries import check_group
+from lakestream.log.progress import delete_progress, progress_exists, read_progress
+from lakestream.ops.status import (
     groups,
     human_bytes,
     plural,
@@ -33,10 +32,11 @@ from lakestream.status import (
     removal_effect,
     status,
 )
+from lakestream.ops.verify import verify
+from lakestream.read.lineage import SampleLineage, StepLineage
 from lakestream.store import open_store
 from lakestream.store.s3_options import is_secret, setting
 from lakestream.stream import Stream
-from lakestream.verify import verify
 
 _SCALARS = {
     "bool": pa.bool_(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(),

@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 from lakestream.errors import LakestreamError, NotFoundError
-from lakestream.inventory import unreferenced
-from lakestream.log import RemoveGroup, log_key
-from lakestream.progress import Progress, list_progress
-from lakestream.retention import group_holds, retention_point
-from lakestream.snapshot import read_hint
+from lakestream.log.entries import RemoveGroup, log_key
+from lakestream.log.gc import group_holds, retention_point
+from lakestream.log.inventory import unreferenced
+from lakestream.log.progress import Progress, list_progress
+from lakestream.log.snapshot import read_hint
 from lakestream.stream import Stream
 
 

@@ -8,10 +8,9 @@ import json
 from dataclasses import dataclass, field
 
 from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError, TooLargeError
-from lakestream.fragment import FragmentReader
-from lakestream.log import MAX_ENTRY_BYTES, decode_entry, log_key
-from lakestream.replay import ReplayState
-from lakestream.snapshot import (
+from lakestream.log.entries import MAX_ENTRY_BYTES, decode_entry, log_key
+from lakestream.log.replay import ReplayState
+from lakestream.log.snapshot import (
     SNAPSHOT_DIR,
     decode_snapshot,
     read_manifest,
@@ -19,6 +18,7 @@ from lakestream.snapshot import (
     snapshot_key,
     snapshot_version,
 )
+from lakestream.read.fragments import FragmentReader
 from lakestream.store.base import ObjectStore
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from lakestream.plan import check_world
+from lakestream.plan.slices import check_world
 
 KEPT_PER_SOURCE = 4
 """Window permutations, and epoch orders of windows, a plan keeps per source: a step and the

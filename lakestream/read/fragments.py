@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 from zlib_ng import zlib_ng
 
 from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
-from lakestream.index import Fragment
-from lakestream.log import DATA_DIR
-from lakestream.plan import plan_rows
+from lakestream.log.entries import DATA_DIR
+from lakestream.log.index import Fragment
+from lakestream.plan.slices import plan_rows
 from lakestream.store.base import ObjectStore
 
 ROW_GROUP_TARGET_BYTES = 1 << 20

@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakestream.balance import balance_groups, equal_count
-from lakestream.choose import FRESH, Choice, choose, kept
 from lakestream.errors import StepNotAvailableError
-from lakestream.fragment import FragmentCache
-from lakestream.mix import runs
-from lakestream.plan import check_world
+from lakestream.plan.balance import balance_groups, equal_count
+from lakestream.plan.choose import FRESH, Choice, choose, kept
+from lakestream.plan.mix import runs
+from lakestream.plan.slices import check_world
+from lakestream.read.fragments import FragmentCache
 from lakestream.stream import Stream
 
 Accept = Callable[[pa.Table], bool]

@@ -9,8 +9,8 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from lakestream.fragment import FragmentCache
-from lakestream.mix import MixPlan, SourcePlan, source_key
+from lakestream.plan.mix import MixPlan, SourcePlan, source_key
+from lakestream.read.fragments import FragmentCache
 from lakestream.stream import Stream
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakestream.casts import conversion_loss
 from lakestream.errors import SchemaMismatchError
+from lakestream.schema.casts import conversion_loss
 
 _PRIMITIVES: dict[pa.DataType, str] = {
     pa.bool_(): "boolean",

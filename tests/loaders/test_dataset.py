@@ -253,7 +253,7 @@ def _progress(s: lakestream.Stream, at_least: int, within_s: float = 60.0) -> An
     """The group's published progress once it reaches step ``at_least``; fails loudly if
     it does not within ``within_s`` (a generous bound: only a publish that never comes
     takes that long)."""
-    from lakestream.progress import read_progress
+    from lakestream.log.progress import read_progress
 
     deadline = time.monotonic() + within_s
     while True:

@@ -14,14 +14,14 @@ import pytest
 
 import lakestream
 from lakestream.loaders import StreamDataset
-from lakestream.progress import read_progress
+from lakestream.log.progress import read_progress
 from tests.helpers import SCHEMA, rows
 
 B = 4
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lakestream.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lakestream.ops.cli", *args], capture_output=True,
                           text=True, timeout=60)
 
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from lakestream.loaders.locations import CheckpointLocationError, check_location
-from lakestream.replay import Marker
+from lakestream.log.replay import Marker
 
 S3 = "s3://bucket/job"
 

@@ -185,7 +185,7 @@ def test_a_changed_mix_reads_a_cycling_shuffled_source_at_most_once_an_epoch(
 
 
 def test_a_finished_mix_with_epochs_leaves_no_lag_on_its_sources(tmp_path) -> None:
-    from lakestream.status import groups
+    from lakestream.ops.status import groups
 
     uris = _sources(tmp_path)
     ds = StreamDataset([Source(uris[0], take=A_TAKE), Source(uris[1], take=B_TAKE)],
@@ -257,7 +257,7 @@ def test_a_rebased_stream_checkpoints_and_resumes_where_it_was(tmp_path) -> None
 def test_progress_counts_a_shuffled_window_as_taken(tmp_path) -> None:
     """Producers held to max_lag_steps behind the published progress must be able to
     complete the window the reader waits for."""
-    from lakestream.progress import read_progress
+    from lakestream.log.progress import read_progress
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     s.append(rows(0, 16))  # two windows of 2 steps

@@ -10,7 +10,7 @@ import lakestream
 from lakestream.errors import StoreError
 from lakestream.loaders import StreamDataset
 from lakestream.loaders.publisher import ProgressPublisher
-from lakestream.progress import read_progress
+from lakestream.log.progress import read_progress
 from tests.helpers import SCHEMA, rows
 
 

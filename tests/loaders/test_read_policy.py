@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader
 
 import lakestream
 from lakestream.loaders import StreamDataset
+from lakestream.log.progress import read_progress
 from lakestream.producers import Producer
-from lakestream.progress import read_progress
 from tests.helpers import step_ids, worker_options
 
 B, G = 8, 2
@@ -329,7 +329,7 @@ def test_an_int32_policy_version_is_compared_as_an_integer(tmp_path) -> None:
 
 
 def test_a_filter_rejecting_everything_keeps_nothing_in_memory(tmp_path) -> None:
-    from lakestream.selected import ReadPolicy, SelectedSteps
+    from lakestream.read.selected import ReadPolicy, SelectedSteps
 
     uri = _written(tmp_path, groups=120)
     steps = SelectedSteps(lakestream.open(uri), ReadPolicy(accept=lambda g: False))

@@ -8,15 +8,16 @@ import time
 import pytest
 
 import lakestream
-import lakestream.retention
+import lakestream.log.entries
+import lakestream.log.gc
 import lakestream.stream
 from lakestream.errors import LogCompactedError
-from lakestream.log import Compacted, log_key
+from lakestream.log.entries import Compacted, log_key
+from lakestream.log.gc import COMPACTED_KEY
+from lakestream.log.snapshot import read_version_pointer
+from lakestream.log.tail import read_entry
+from lakestream.ops.verify import verify
 from lakestream.producers import Producer
-from lakestream.retention import COMPACTED_KEY
-from lakestream.snapshot import read_version_pointer
-from lakestream.tail import read_entry
-from lakestream.verify import verify
 from tests.helpers import SCHEMA, ids, rows
 
 B, K = 4, 5
@@ -127,7 +128,7 @@ def test_a_handle_idle_past_the_reopen_time_reopens_before_it_reads(tmp_path,
     _others_commit(s, 0, 12)
     time.sleep(GRACE + 0.1)
     s.gc(grace_seconds=GRACE)
-    monkeypatch.setattr(lakestream.retention, "TOMBSTONE_TTL_S", 0.0)
+    monkeypatch.setattr(lakestream.log.gc, "TOMBSTONE_TTL_S", 0.0)
     s.gc(grace_seconds=GRACE)  # the tombstones are gone: versions 1..4 are free again
     assert not any(True for _ in s.store.list("_delta_log/") if _.key == log_key(1))
     monkeypatch.setattr(lakestream.stream, "REOPEN_IDLE_S", 0.05)
@@ -137,19 +138,19 @@ def test_a_handle_idle_past_the_reopen_time_reopens_before_it_reads(tmp_path,
 
 
 def test_a_tombstone_of_our_own_unknown_commit_means_it_landed(tmp_path) -> None:
-    from lakestream.transaction import Landed, Transaction
+    from lakestream.log.transaction import Landed, Transaction
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B, snapshot_interval=K)
     stale = s.state.copy()
     txn = Transaction(s.store, stale, lambda st, cid: None)
     # As if an earlier attempt of this transaction had landed at version 1, and gc had
     # compacted it since: its tombstone names the commit id it replaced.
-    s.store.put(log_key(1), lakestream.log.encode_entry(
-        lakestream.log.Fence("p", 1, txn.commit_id)), mode="create")
+    s.store.put(log_key(1), lakestream.log.entries.encode_entry(
+        lakestream.log.entries.Fence("p", 1, txn.commit_id)), mode="create")
     _others_commit(s, 0, 11)
     time.sleep(GRACE + 0.1)
     s.gc(grace_seconds=GRACE)
-    txn.build = lambda st, cid: lakestream.log.Fence("p", 9, cid)
+    txn.build = lambda st, cid: lakestream.log.entries.Fence("p", 9, cid)
     outcome = txn.commit()
     assert isinstance(outcome, Landed) and outcome.result.version == 1
     assert lakestream.open(s.uri).producers["p"][0] == 1  # no second fence was committed
@@ -199,7 +200,7 @@ def test_poll_catches_up_as_fast_as_refresh(tmp_path) -> None:
 
 
 def test_gc_with_a_short_grace_keeps_what_a_live_producer_has_yet_to_commit(tmp_path) -> None:
-    from lakestream.fragment import fragment_key
+    from lakestream.read.fragments import fragment_key
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
     p = Producer(s.uri, "slow")

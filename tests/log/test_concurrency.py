@@ -8,7 +8,7 @@ import time
 
 import lakestream
 from lakestream.errors import NotFoundError
-from lakestream.log import Fence, log_key, log_version
+from lakestream.log.entries import Fence, log_key, log_version
 from tests.helpers import SCHEMA, HookedStore, delta_ids, ids, rows
 
 WRITERS, APPENDS, ROWS = 4, 8, 2
@@ -74,9 +74,9 @@ def test_a_committer_behind_a_busy_writer_gets_through_in_few_attempts(tmp_path,
     other, whatever the scheduling."""
     import types
 
-    import lakestream.transaction
-    from lakestream.log import Checkpoint, Fence
-    from lakestream.transaction import CommitOptions
+    import lakestream.log.transaction
+    from lakestream.log.entries import Checkpoint, Fence
+    from lakestream.log.transaction import CommitOptions
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
     s.append(rows(0, 2))
@@ -94,7 +94,7 @@ def test_a_committer_behind_a_busy_writer_gets_through_in_few_attempts(tmp_path,
         busy_commits()
 
     clock = types.SimpleNamespace(monotonic=time.monotonic, sleep=sleep)
-    monkeypatch.setattr(lakestream.transaction, "time", clock)
+    monkeypatch.setattr(lakestream.log.transaction, "time", clock)
     conflicts = []
     for _ in range(20):
         busy_commits()  # the head moves past our view
@@ -138,7 +138,7 @@ def test_catching_up_stops_at_the_head_without_waiting_for_reads_past_it(tmp_pat
     # Regression: a round of parallel reads waited for every read in it, those past the
     # head included, so the state went stale while they finished and the commit's exposure
     # to races outgrew the window the controller saw.
-    from lakestream.tail import catch_up
+    from lakestream.log.tail import catch_up
 
     uri = str(tmp_path / "s")
     ahead = lakestream.create(uri, SCHEMA, global_batch_size=2, snapshot_interval=100_000)

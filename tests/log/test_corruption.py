@@ -8,9 +8,9 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log import decode_entry, entry_checksum, log_key
-from lakestream.snapshot import snapshot_key
-from lakestream.verify import verify
+from lakestream.log.entries import decode_entry, entry_checksum, log_key
+from lakestream.log.snapshot import snapshot_key
+from lakestream.ops.verify import verify
 from tests.helpers import SCHEMA, ids, rows
 
 

@@ -19,7 +19,7 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log import (
+from lakestream.log.entries import (
     WRITER_FEATURE,
     Append,
     Create,
@@ -32,7 +32,7 @@ from lakestream.log import (
     log_key,
     log_version,
 )
-from lakestream.schema import delta_table_features, validate_schema
+from lakestream.schema.conform import delta_table_features, validate_schema
 
 UTC = dt.timezone.utc
 NTZ = ["timestampNtz"]
@@ -359,7 +359,7 @@ def test_an_append_is_serialised_once_and_checked_without_serialising_it_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Encoding and decoding an append sit in a commit's race window: serialising each add
     twice and again to check it made a 680-fragment commit's window several times wider."""
-    import lakestream.log as log
+    import lakestream.log.entries as log
 
     refs = tuple(FragmentRef(f"data/p0/{k}.parquet", 4, 100, 4 * k, k) for k in range(500))
     dumps, calls = json.dumps, [0]
@@ -411,7 +411,7 @@ def test_an_old_entry_with_nan_state_still_decodes() -> None:
 
 
 def test_verify_flags_an_old_entry_delta_readers_cannot_parse(tmp_path: Path) -> None:
-    from lakestream.verify import verify
+    from lakestream.ops.verify import verify
 
     s = lakestream.create(str(tmp_path / "s"), pa.schema([("id", pa.int64())]),
                           global_batch_size=1)

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lakestream
+import lakestream.read.fragments
 from lakestream.errors import CorruptLogError, StoreError
 from tests.helpers import SCHEMA, ids, rows
 
@@ -94,7 +95,7 @@ def _commit_file(s: lakestream.Stream, key: str, body: bytes, rows: int) -> None
     """Commits ``key`` (already in the store) as a hostile writer would: any file, any rows."""
     import zlib
 
-    from lakestream.log import Append, FragmentRef
+    from lakestream.log.entries import Append, FragmentRef
 
     s.store.put(key, body, mode="create")
     ref = FragmentRef(key, rows, len(body), s.state.next_offset, 0, zlib.crc32(body))
@@ -109,7 +110,7 @@ def _parquet(table: pa.Table) -> bytes:
 
 def test_a_small_fragment_that_decodes_huge_is_refused_before_it_is_decoded(
         tmp_path, monkeypatch) -> None:
-    import lakestream.fragment
+    import lakestream.read.fragments
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
     # Four rows of a million zeros each: a few KB on disk. Scaled down from the gigabytes
@@ -119,7 +120,7 @@ def test_a_small_fragment_that_decodes_huge_is_refused_before_it_is_decoded(
                               "reward": pa.array([0.0] * 4, pa.float32())}, schema=SCHEMA))
     assert len(body) < 100_000
     _commit_file(s, "data/evil/huge.parquet", body, 4)
-    monkeypatch.setattr(lakestream.fragment, "MAX_DECODED_BYTES_PER_ROW", 1 << 20)
+    monkeypatch.setattr(lakestream.read.fragments, "MAX_DECODED_BYTES_PER_ROW", 1 << 20)
     before = pa.total_allocated_bytes()
     t0 = time.monotonic()
     with pytest.raises(CorruptLogError, match="would decode to up to"):
@@ -147,10 +148,10 @@ def _nested(depth: int) -> str:
 
 
 def test_deeply_nested_json_is_a_typed_error_or_ignored_where_advisory(tmp_path) -> None:
-    from lakestream.log import log_key
+    from lakestream.log.entries import log_key
+    from lakestream.log.progress import progress_key, read_progress
+    from lakestream.log.snapshot import HINT_KEY
     from lakestream.producers import Producer
-    from lakestream.progress import progress_key, read_progress
-    from lakestream.snapshot import HINT_KEY
 
     s = _stream(tmp_path)
     deep = _nested(100_000).encode()
@@ -167,7 +168,7 @@ def test_deeply_nested_json_is_a_typed_error_or_ignored_where_advisory(tmp_path)
 
 
 def test_counts_past_int64_are_damage_not_data(tmp_path) -> None:
-    from lakestream.log import Append, FragmentRef, encode_entry, log_key
+    from lakestream.log.entries import Append, FragmentRef, encode_entry, log_key
 
     s = _stream(tmp_path)
     ref = FragmentRef("data/evil/x.parquet", 2**63, 10, s.state.next_offset, 0, 1)
@@ -178,7 +179,7 @@ def test_counts_past_int64_are_damage_not_data(tmp_path) -> None:
 
 
 def test_an_entry_larger_than_any_writer_makes_is_refused_unread(tmp_path) -> None:
-    from lakestream.log import MAX_ENTRY_BYTES, log_key
+    from lakestream.log.entries import MAX_ENTRY_BYTES, log_key
 
     s = _stream(tmp_path)
     s.store.put(log_key(s.version + 1), b"x" * (MAX_ENTRY_BYTES + 10), mode="create")
@@ -192,7 +193,7 @@ def test_an_entry_larger_than_any_writer_makes_is_refused_unread(tmp_path) -> No
 
 
 def test_a_reclaim_past_what_the_markers_hold_is_void(tmp_path) -> None:
-    from lakestream.log import FragmentRef, Reclaim
+    from lakestream.log.entries import FragmentRef, Reclaim
 
     s = _stream(tmp_path)  # 12 steps
     s.mark_checkpoint("train", 10)

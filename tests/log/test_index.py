@@ -11,10 +11,10 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.index import CACHED_SEGMENTS, SEGMENT_FRAGMENTS, FragmentIndex
-from lakestream.log import Append, FragmentRef, Reclaim, encode_entry, log_key
+from lakestream.log.entries import Append, FragmentRef, Reclaim, encode_entry, log_key
+from lakestream.log.index import CACHED_SEGMENTS, SEGMENT_FRAGMENTS, FragmentIndex
+from lakestream.log.snapshot import INDEX_DIR, load_state, snapshot_key
 from lakestream.producers import Producer
-from lakestream.snapshot import INDEX_DIR, load_state, snapshot_key
 from lakestream.store import open_store
 from tests.helpers import SCHEMA, ids, rows
 
@@ -234,7 +234,7 @@ def test_a_manifest_with_its_checksum_but_wrong_segment_rows_is_corrupt(
     import json
     import zlib
 
-    from lakestream.snapshot import decode_snapshot
+    from lakestream.log.snapshot import decode_snapshot
 
     uri = str(tmp_path / "s")
     _wide(uri, 100, per_entry=10, interval=5)
@@ -291,8 +291,8 @@ def test_a_segment_put_that_finds_its_key_taken_refreshes_its_timestamp(tmp_path
     # timestamp, so gc could delete it before the new manifest named it.
     import os
 
-    from lakestream.index import Columns
-    from lakestream.snapshot import _put_segment
+    from lakestream.log.index import Columns
+    from lakestream.log.snapshot import _put_segment
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4,
                           snapshot_interval=1)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 import lakestream
-from lakestream.log import Fence, log_key
-from lakestream.snapshot import HINT_KEY, load_state, snapshot_key
+from lakestream.log.entries import Fence, log_key
+from lakestream.log.snapshot import HINT_KEY, load_state, snapshot_key
+from lakestream.log.tail import TAIL_WIDTH
 from lakestream.store import ObjectMeta, ObjectStore, open_store
-from lakestream.tail import TAIL_WIDTH
 from tests.helpers import SCHEMA, ids, rows
 
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakestream.log import (
+from lakestream.log.entries import (
     Append,
     Checkpoint,
     Create,
@@ -21,8 +21,8 @@ from lakestream.log import (
     decode_entry,
     encode_entry,
 )
-from lakestream.replay import ReplayState, replay
-from lakestream.snapshot import decode_snapshot, snapshot_key, write_snapshot
+from lakestream.log.replay import ReplayState, replay
+from lakestream.log.snapshot import decode_snapshot, snapshot_key, write_snapshot
 from lakestream.store import LocalStore
 
 META = StreamMeta(pa.schema([("x", pa.int64())]), 4, 1, table_id="t", created_ms=0)

@@ -13,15 +13,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import lakestream
+import lakestream.log.gc
 from lakestream.errors import StepNotAvailableError
-from lakestream.inventory import unreferenced
-from lakestream.log import Fence
-from lakestream.progress import publish_progress
-from lakestream.snapshot import read_hint
-from lakestream.tail import TAIL_WIDTH
-from lakestream.verify import verify
-from tests.core.test_open import CountingStore
+from lakestream.log.entries import Fence
+from lakestream.log.inventory import unreferenced
+from lakestream.log.progress import publish_progress
+from lakestream.log.snapshot import read_hint
+from lakestream.log.tail import TAIL_WIDTH
+from lakestream.ops.verify import verify
 from tests.helpers import SCHEMA, delta_ids, ids, rows
+from tests.log.test_open import CountingStore
 
 ROOT = Path(__file__).resolve().parents[2]
 B = 4
@@ -106,7 +107,7 @@ def test_group_entries_carry_a_format_older_readers_refuse_by_name() -> None:
     corruption."""
     import json
 
-    from lakestream.log import (
+    from lakestream.log.entries import (
         GROUP_ENTRY_FORMAT,
         Register,
         RemoveGroup,
@@ -128,7 +129,7 @@ def test_registering_past_the_end_is_refused_and_retain_stays_inside(tmp_path) -
     s.append(rows(0, B))
     with pytest.raises(ValueError, match="step 5 of group 'eval' is past the 1 steps visible"):
         s.register_group("eval", 5)
-    from lakestream.log import Register
+    from lakestream.log.entries import Register
 
     # As a writer without that check (or a stream that was shorter) could have left it:
     s.commit(lambda state, commit_id: Register("eval", 5, commit_id))
@@ -220,7 +221,7 @@ def test_a_long_log_compacts_to_what_is_retained(tmp_path, monkeypatch) -> None:
     assert abs(after["get"] - before["get"]) < TAIL_WIDTH, (before, after)
     # Compacted entries are tombstones until their TTL: then the next gc deletes them.
     assert sum(1 for _ in s.store.list("_delta_log/")) > 5_000
-    monkeypatch.setattr(lakestream.retention, "TOMBSTONE_TTL_S", 0.0)
+    monkeypatch.setattr(lakestream.log.gc, "TOMBSTONE_TTL_S", 0.0)
     assert s.gc(grace_seconds=0).tombstones == report.log_entries
     objects = sum(1 for _ in s.store.list(""))
     assert objects < 400, objects  # O(retained): the tail of the log, 2 snapshots, 2 files
@@ -229,7 +230,7 @@ def test_a_long_log_compacts_to_what_is_retained(tmp_path, monkeypatch) -> None:
 
 
 def test_snapshots_after_a_reclaim_drop_it_and_gc_sweeps_old_segments(tmp_path) -> None:
-    from lakestream.snapshot import INDEX_DIR, load_state, segment_key, snapshot_segments
+    from lakestream.log.snapshot import INDEX_DIR, load_state, segment_key, snapshot_segments
 
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=B, snapshot_interval=2)

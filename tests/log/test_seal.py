@@ -9,11 +9,18 @@ import pytest
 
 import lakestream
 from lakestream.errors import StreamSealedError
-from lakestream.log import SEAL_ENTRY_FORMAT, Append, FragmentRef, Seal, decode_entry, encode_entry
+from lakestream.log.entries import (
+    SEAL_ENTRY_FORMAT,
+    Append,
+    FragmentRef,
+    Seal,
+    decode_entry,
+    encode_entry,
+)
+from lakestream.log.snapshot import load_state
+from lakestream.ops.status import status
+from lakestream.ops.verify import verify
 from lakestream.producers import Producer
-from lakestream.snapshot import load_state
-from lakestream.status import status
-from lakestream.verify import verify
 from tests.helpers import SCHEMA, delta_ids, ids, rows
 
 B = 4
@@ -58,8 +65,8 @@ def test_a_handle_that_has_not_seen_the_seal_is_refused_at_commit(tmp_path) -> N
 
 def test_an_append_after_a_seal_is_void_in_replay() -> None:
     """A writer that skips the check (an old version) commits an entry no reader counts."""
-    from lakestream.log import Create, StreamMeta
-    from lakestream.replay import replay
+    from lakestream.log.entries import Create, StreamMeta
+    from lakestream.log.replay import replay
 
     meta = StreamMeta(SCHEMA, B, 1, 100)
     ref = FragmentRef("data/a/0-0-x.parquet", 2, 10, 0, 0, 1)

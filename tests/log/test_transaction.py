@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import lakestream
-import lakestream.transaction as transaction
+import lakestream.log.transaction as transaction
 from lakestream.errors import (
     CommitConflictError,
     CommitStateUnknownError,
@@ -18,18 +18,18 @@ from lakestream.errors import (
     StepNotAvailableError,
     StoreError,
 )
-from lakestream.log import DATA_DIR, LOG_DIR, Checkpoint, Fence, log_key
-from lakestream.snapshot import (
+from lakestream.log.entries import DATA_DIR, LOG_DIR, Checkpoint, Fence, log_key
+from lakestream.log.snapshot import (
     INDEX_DIR,
     decode_snapshot,
     load_state,
     snapshot_key,
     snapshot_segments,
 )
+from lakestream.log.transaction import CommitOptions, Exhausted, Landed, Rejected, Transaction
+from lakestream.ops.verify import verify
 from lakestream.store import LocalStore
 from lakestream.stream import Stream
-from lakestream.transaction import CommitOptions, Exhausted, Landed, Rejected, Transaction
-from lakestream.verify import verify
 from tests.helpers import SCHEMA, HookedStore, ids, rows
 
 
@@ -281,7 +281,7 @@ def test_a_corrupt_entry_behind_the_head_leaves_the_handle_as_it_was(tmp_path) -
     # Regression: replay added an entry's first fragments before checking the later ones'
     # offsets, so a commit that caught up into a corrupt entry published a half-applied
     # state naming a fragment that was never committed.
-    from lakestream.log import Append, FragmentRef, encode_entry
+    from lakestream.log.entries import Append, FragmentRef, encode_entry
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     stale = lakestream.open(s.uri)

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 
 import lakestream
-from lakestream.cli import main, parse_schema
+from lakestream.ops.cli import main, parse_schema
 from tests.helpers import SCHEMA, rows
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lakestream.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lakestream.ops.cli", *args], capture_output=True,
                           text=True, timeout=60)
 
 
@@ -52,7 +52,7 @@ def test_schema_grammar() -> None:
 
 
 def test_tail_follows_new_steps_and_the_lag(tmp_path) -> None:
-    from lakestream.progress import publish_progress
+    from lakestream.log.progress import publish_progress
 
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, parse_schema("id:int64,tokens:list<int32>,reward:float32"),
@@ -137,7 +137,7 @@ def test_ctrl_c_ends_tail_quietly(tmp_path) -> None:
     import time
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
-    proc = subprocess.Popen([sys.executable, "-m", "lakestream.cli", "tail", s.uri,
+    proc = subprocess.Popen([sys.executable, "-m", "lakestream.ops.cli", "tail", s.uri,
                              "--interval", "0.05"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -178,7 +178,7 @@ def test_s3_credentials_come_from_the_environment(tmp_path, s3_options) -> None:
     env.update({k: v for k, v in s3_options.items() if "KEY" in k})
     plain = [x for k, v in s3_options.items() if "KEY" not in k for x in ("-o", f"{k}={v}")]
     created = subprocess.run(
-        [sys.executable, "-m", "lakestream.cli", "create", uri, "--schema", "id:int64",
+        [sys.executable, "-m", "lakestream.ops.cli", "create", uri, "--schema", "id:int64",
          "--global-batch-size", "4", *plain], capture_output=True, text=True, timeout=60,
         env={**env, "HOME": str(tmp_path)})
     assert created.returncode == 0 and f"created {uri}" in created.stdout, created.stderr
@@ -192,7 +192,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path) -> None:
     """``lakestream tail --json | head -1``: no BrokenPipeError traceback, the status of a
     command its pipe's reader left (141, as for SIGPIPE)."""
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
-    proc = subprocess.Popen([sys.executable, "-m", "lakestream.cli", "tail", s.uri,
+    proc = subprocess.Popen([sys.executable, "-m", "lakestream.ops.cli", "tail", s.uri,
                              "--interval", "0.02", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -271,9 +271,9 @@ def test_names_and_states_from_the_store_reach_the_terminal_escaped(tmp_path, ca
     """A producer may write any bytes into its state and a marker's checkpoint id, and a
     log written by another tool may hold any group name (its entry is void): none reaches
     the terminal raw."""
-    from lakestream.log import Checkpoint
+    from lakestream.log.entries import Checkpoint
+    from lakestream.log.progress import publish_progress
     from lakestream.producers import Producer
-    from lakestream.progress import publish_progress
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     with Producer(s.uri, "p0") as p:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakestream.balance import balance_groups, equal_count, spread
+from lakestream.plan.balance import balance_groups, equal_count, spread
 
 
 @st.composite

@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakestream.choose import FRESH, Choice, choose
+from lakestream.plan.choose import FRESH, Choice, choose
 
 G = 2
 

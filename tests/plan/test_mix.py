@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lakestream.mix import (
+from lakestream.plan.mix import (
     KEPT_PER_SOURCE,
     MixPlan,
     SourcePlan,
@@ -20,7 +20,7 @@ from lakestream.mix import (
     resume_position,
     source_key,
 )
-from lakestream.plan import slice_offsets
+from lakestream.plan.slices import slice_offsets
 
 
 def _read(plan: MixPlan, step: int, rank: int, world: int) -> list[list[int]]:

@@ -16,8 +16,8 @@ import pytest
 import lakestream
 from lakestream.errors import NotFoundError
 from lakestream.failpoints import PRODUCER_NAMES
-from lakestream.log import Append, log_key
-from lakestream.tail import read_entry
+from lakestream.log.entries import Append, log_key
+from lakestream.log.tail import read_entry
 from tests.conftest import seeds
 from tests.helpers import SCHEMA, ids
 

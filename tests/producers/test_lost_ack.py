@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 
 import lakestream
-from lakestream.log import Append
+from lakestream.log.entries import Append
+from lakestream.log.tail import read_entry
 from lakestream.producers import Producer
-from lakestream.tail import read_entry
 from tests.conftest import BUCKET
 from tests.faultproxy import FaultProxy, Request
 from tests.helpers import SCHEMA, ids, rows

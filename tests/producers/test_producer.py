@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 
 import lakestream
-from lakestream.cli import status
 from lakestream.errors import ProducerFencedError, SchemaMismatchError
+from lakestream.log.progress import progress_key, publish_progress
+from lakestream.ops.cli import status
 from lakestream.producers import Producer, ProducerOptions
-from lakestream.progress import progress_key, publish_progress
 from tests.helpers import SCHEMA, delta_ids, ids, rows
 
 

@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 import lakestream
 from lakestream.loaders import StreamDataset, StreamLoader
+from lakestream.log.progress import progress_key, publish_progress
 from lakestream.producers import Producer, ProducerOptions
-from lakestream.progress import progress_key, publish_progress
 from tests.helpers import SCHEMA, rows
 
 

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import lakestream
-from lakestream import fragment
+import lakestream.read.fragments as fragment
 from lakestream.errors import CorruptLogError
-from lakestream.fragment import FragmentReader, encode_fragment
+from lakestream.read.fragments import FragmentReader, encode_fragment
 from lakestream.store.local import LocalStore
 
 
@@ -66,7 +66,7 @@ def test_the_fragment_cache_decodes_once_and_drops_a_window_once_nobody_reads_it
 
     import pyarrow as pa
 
-    from lakestream.fragment import FragmentCache
+    from lakestream.read.fragments import FragmentCache
 
     cache = FragmentCache(max_bytes=1 << 30)
     loads: list[str] = []
@@ -114,7 +114,7 @@ def test_a_shuffled_mix_decodes_each_fragment_once_an_epoch_when_windows_straddl
     # 40 samples in fragments of 4, windows of 4 steps of 4: two windows of 16 and a short
     # one of 8, placed anywhere in an epoch's order, so a source window can begin in the
     # middle of the steps' window and end in the next one.
-    from lakestream.steps import Source, open_mix
+    from lakestream.read.steps import Source, open_mix
     from tests.helpers import SCHEMA, rows
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)

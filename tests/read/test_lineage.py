@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 
 import lakestream
-from lakestream.cli import main
 from lakestream.errors import StepNotAvailableError
-from lakestream.lineage import StepLineage
+from lakestream.log.replay import Marker
+from lakestream.ops.cli import main
 from lakestream.producers import Producer
-from lakestream.replay import Marker
+from lakestream.read.lineage import StepLineage
 from tests.helpers import SCHEMA, rows
 
 RL = pa.schema([("id", pa.int64()), ("policy_version", pa.int64())])

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lakestream
-from lakestream.selected import ReadPolicy, SelectedSteps
+from lakestream.read.selected import ReadPolicy, SelectedSteps
 from lakestream.stream import Stream
 
 B, G, GROUPS, STEPS = 16, 2, 240, 12

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 
 import lakestream
 from lakestream.errors import NotFoundError
-from lakestream.log import Append, Compacted, log_key
-from lakestream.tail import read_entry
+from lakestream.log.entries import Append, Compacted, log_key
+from lakestream.log.tail import read_entry
 
 Outcome = Literal["pending", "ok", "failed", "unknown"]
 

@@ -13,7 +13,7 @@ import pytest
 import lakestream
 from lakestream.errors import SchemaMismatchError
 from lakestream.producers import Producer, ProducerOptions
-from lakestream.schema import finite
+from lakestream.schema.conform import finite
 from tests.helpers import SCHEMA, rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def test_the_sample_size_check_skips_no_oversized_sample(seed: int) -> None:
     row-by-row sizing finds, at limits on both sides of the largest sample."""
     import random
 
-    from lakestream.schema import oversized_sample, sample_bytes
+    from lakestream.schema.conform import oversized_sample, sample_bytes
 
     rng = random.Random(seed)
     n = rng.randint(1, 40)

@@ -16,10 +16,10 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log import Fence
+from lakestream.log.entries import Fence
+from lakestream.ops.verify import verify
 from lakestream.producers import Producer
 from lakestream.store import open_store
-from lakestream.verify import verify
 from tests.conftest import SOAK
 from tests.helpers import SCHEMA, rows
 

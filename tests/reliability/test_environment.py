@@ -15,8 +15,8 @@ from typing import Any
 
 import lakestream
 from lakestream.errors import NotFoundError
+from lakestream.log.snapshot import load_state
 from lakestream.producers import Producer
-from lakestream.snapshot import load_state
 from lakestream.store import ObjectMeta, ObjectStore, open_store
 from tests.helpers import SCHEMA, ids, rows
 

@@ -12,12 +12,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import lakestream
 from lakestream.errors import LakestreamError, StoreError
-from lakestream.log import LOG_DIR
+from lakestream.log.entries import LOG_DIR
+from lakestream.log.replay import ReplayState
+from lakestream.log.snapshot import load_state, write_snapshot
+from lakestream.log.tail import read_tail
 from lakestream.producers import Producer
-from lakestream.replay import ReplayState
-from lakestream.snapshot import load_state, write_snapshot
 from lakestream.store import ObjectStore
-from lakestream.tail import read_tail
 from tests.conftest import SOAK
 from tests.helpers import SCHEMA, rows
 

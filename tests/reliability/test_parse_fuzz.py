@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakestream.errors import LakestreamError
-from lakestream.fragment import FragmentReader
-from lakestream.log import decode_entry, entry_checksum
-from lakestream.progress import progress_key, read_progress
-from lakestream.replay import ReplayState
-from lakestream.snapshot import HINT_KEY, decode_snapshot, read_hint
+from lakestream.log.entries import decode_entry, entry_checksum
+from lakestream.log.progress import progress_key, read_progress
+from lakestream.log.replay import ReplayState
+from lakestream.log.snapshot import HINT_KEY, decode_snapshot, read_hint
+from lakestream.read.fragments import FragmentReader
 from lakestream.store import LocalStore
 from tests.conftest import SOAK
 from tests.helpers import SCHEMA, rows

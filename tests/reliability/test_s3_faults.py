@@ -11,9 +11,9 @@ import pytest
 
 import lakestream
 from lakestream.errors import LakestreamError
+from lakestream.ops.verify import verify
 from lakestream.producers import Producer, ProducerOptions
 from lakestream.store import open_store
-from lakestream.verify import verify
 from tests.conftest import BUCKET, SOAK, seeds
 from tests.faultproxy import FaultProxy, RandomFaults
 from tests.helpers import SCHEMA, rows

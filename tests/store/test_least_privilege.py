@@ -8,10 +8,10 @@ import pytest
 
 import lakestream
 from lakestream.errors import PermissionDeniedError
+from lakestream.log.progress import publish_progress, read_progress
+from lakestream.ops.verify import verify
 from lakestream.producers import Producer
-from lakestream.progress import publish_progress, read_progress
 from lakestream.store import open_store
-from lakestream.verify import verify
 from tests.conftest import BUCKET
 from tests.helpers import SCHEMA, ids, rows
 from tests.s3server import PRODUCER, READER, RETENTION, ROLES_PREFIX, TRAINER, SeaweedS3

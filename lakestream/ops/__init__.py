@@ -1,0 +1,1 @@
+"""The operator's tools: the ``lakestream`` command, ``status``, ``verify``."""
