@@ -19,6 +19,7 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.head import shared_head
+from lakestream.log.codec import encode_entry
 from lakestream.log.entries import (
     REOPEN_IDLE_S,
     Append,
@@ -31,7 +32,6 @@ from lakestream.log.entries import (
     Seal,
     StreamMeta,
     check_group,
-    encode_entry,
     log_key,
 )
 from lakestream.log.gc import (

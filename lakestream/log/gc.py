@@ -19,6 +19,7 @@ from lakestream.errors import (
     TooLargeError,
 )
 from lakestream.failpoints import failpoint
+from lakestream.log.codec import encode_entry
 from lakestream.log.entries import (
     LOG_DIR,
     MAX_ENTRY_BYTES,
@@ -27,7 +28,6 @@ from lakestream.log.entries import (
     Entry,
     FragmentRef,
     Reclaim,
-    encode_entry,
     is_delta_checkpoint_key,
     log_key,
     log_version,

@@ -28,7 +28,8 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.failpoints import failpoint
-from lakestream.log.entries import Compacted, Entry, encode_entry, log_key, new_commit_id
+from lakestream.log.codec import encode_entry
+from lakestream.log.entries import Compacted, Entry, log_key, new_commit_id
 from lakestream.log.replay import ReplayState
 from lakestream.log.snapshot import load_state, write_snapshot
 from lakestream.log.tail import catch_up, read_entry

@@ -8,7 +8,8 @@ import json
 from dataclasses import dataclass, field
 
 from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError, TooLargeError
-from lakestream.log.entries import MAX_ENTRY_BYTES, decode_entry, log_key
+from lakestream.log.codec import decode_entry
+from lakestream.log.entries import MAX_ENTRY_BYTES, log_key
 from lakestream.log.replay import ReplayState
 from lakestream.log.snapshot import (
     SNAPSHOT_DIR,

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import lakestream
+import lakestream.log.codec
 import lakestream.log.entries
 import lakestream.log.gc
 import lakestream.stream
@@ -145,7 +146,7 @@ def test_a_tombstone_of_our_own_unknown_commit_means_it_landed(tmp_path) -> None
     txn = Transaction(s.store, stale, lambda st, cid: None)
     # As if an earlier attempt of this transaction had landed at version 1, and gc had
     # compacted it since: its tombstone names the commit id it replaced.
-    s.store.put(log_key(1), lakestream.log.entries.encode_entry(
+    s.store.put(log_key(1), lakestream.log.codec.encode_entry(
         lakestream.log.entries.Fence("p", 1, txn.commit_id)), mode="create")
     _others_commit(s, 0, 11)
     time.sleep(GRACE + 0.1)

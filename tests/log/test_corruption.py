@@ -8,7 +8,8 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log.entries import decode_entry, entry_checksum, log_key
+from lakestream.log.codec import decode_entry, entry_checksum
+from lakestream.log.entries import log_key
 from lakestream.log.snapshot import snapshot_key
 from lakestream.ops.verify import verify
 from tests.helpers import SCHEMA, ids, rows

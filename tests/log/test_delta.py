@@ -19,15 +19,12 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
+from lakestream.log.codec import WRITER_FEATURE, decode_entry, encode_entry, entry_checksum
 from lakestream.log.entries import (
-    WRITER_FEATURE,
     Append,
     Create,
     FragmentRef,
     StreamMeta,
-    decode_entry,
-    encode_entry,
-    entry_checksum,
     is_delta_checkpoint_key,
     log_key,
     log_version,
@@ -359,7 +356,7 @@ def test_an_append_is_serialised_once_and_checked_without_serialising_it_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Encoding and decoding an append sit in a commit's race window: serialising each add
     twice and again to check it made a 680-fragment commit's window several times wider."""
-    import lakestream.log.entries as log
+    import lakestream.log.codec as log
 
     refs = tuple(FragmentRef(f"data/p0/{k}.parquet", 4, 100, 4 * k, k) for k in range(500))
     dumps, calls = json.dumps, [0]

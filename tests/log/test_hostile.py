@@ -168,7 +168,8 @@ def test_deeply_nested_json_is_a_typed_error_or_ignored_where_advisory(tmp_path)
 
 
 def test_counts_past_int64_are_damage_not_data(tmp_path) -> None:
-    from lakestream.log.entries import Append, FragmentRef, encode_entry, log_key
+    from lakestream.log.codec import encode_entry
+    from lakestream.log.entries import Append, FragmentRef, log_key
 
     s = _stream(tmp_path)
     ref = FragmentRef("data/evil/x.parquet", 2**63, 10, s.state.next_offset, 0, 1)

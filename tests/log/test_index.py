@@ -11,7 +11,8 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log.entries import Append, FragmentRef, Reclaim, encode_entry, log_key
+from lakestream.log.codec import encode_entry
+from lakestream.log.entries import Append, FragmentRef, Reclaim, log_key
 from lakestream.log.index import CACHED_SEGMENTS, SEGMENT_FRAGMENTS, FragmentIndex
 from lakestream.log.snapshot import INDEX_DIR, load_state, snapshot_key
 from lakestream.producers import Producer

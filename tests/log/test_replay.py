@@ -10,17 +10,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakestream.log.entries import (
-    Append,
-    Checkpoint,
-    Create,
-    Entry,
-    Fence,
-    FragmentRef,
-    StreamMeta,
-    decode_entry,
-    encode_entry,
-)
+from lakestream.log.codec import decode_entry, encode_entry
+from lakestream.log.entries import Append, Checkpoint, Create, Entry, Fence, FragmentRef, StreamMeta
 from lakestream.log.replay import ReplayState, replay
 from lakestream.log.snapshot import decode_snapshot, snapshot_key, write_snapshot
 from lakestream.store import LocalStore

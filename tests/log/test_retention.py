@@ -107,13 +107,8 @@ def test_group_entries_carry_a_format_older_readers_refuse_by_name() -> None:
     corruption."""
     import json
 
-    from lakestream.log.entries import (
-        GROUP_ENTRY_FORMAT,
-        Register,
-        RemoveGroup,
-        decode_entry,
-        encode_entry,
-    )
+    from lakestream.log.codec import decode_entry, encode_entry
+    from lakestream.log.entries import GROUP_ENTRY_FORMAT, Register, RemoveGroup
 
     for entry in (Register("eval", 3), RemoveGroup("eval")):
         data = encode_entry(entry)

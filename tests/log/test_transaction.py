@@ -281,7 +281,8 @@ def test_a_corrupt_entry_behind_the_head_leaves_the_handle_as_it_was(tmp_path) -
     # Regression: replay added an entry's first fragments before checking the later ones'
     # offsets, so a commit that caught up into a corrupt entry published a half-applied
     # state naming a fragment that was never committed.
-    from lakestream.log.entries import Append, FragmentRef, encode_entry
+    from lakestream.log.codec import encode_entry
+    from lakestream.log.entries import Append, FragmentRef
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     stale = lakestream.open(s.uri)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakestream.errors import LakestreamError
-from lakestream.log.entries import decode_entry, entry_checksum
+from lakestream.log.codec import decode_entry, entry_checksum
 from lakestream.log.progress import progress_key, read_progress
 from lakestream.log.replay import ReplayState
 from lakestream.log.snapshot import HINT_KEY, decode_snapshot, read_hint

@@ -1,0 +1,334 @@
+"""Log entries as Delta Lake JSON lines: encoding an entry, and decoding (and checking) the
+bytes of one, its checksum included."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import pyarrow as pa
+from zlib_ng import zlib_ng
+
+from lakestream.errors import CorruptLogError
+from lakestream.log.entries import (
+    COMPACTED_ENTRY_FORMAT,
+    FORMAT_VERSION,
+    GROUP_ENTRY_FORMAT,
+    MAX_CHECKPOINT_ID,
+    MAX_ENTRY_BYTES,
+    SEAL_ENTRY_FORMAT,
+    Append,
+    Checkpoint,
+    Compacted,
+    Create,
+    Entry,
+    Fence,
+    FragmentRef,
+    Reclaim,
+    Register,
+    RemoveGroup,
+    Seal,
+    StreamMeta,
+    check_data_key,
+    check_producer_id,
+    check_state,
+)
+from lakestream.schema.conform import delta_table_features
+from lakestream.store.parse import MAX_INT, count
+
+
+def _dump(action: dict[str, Any]) -> str:
+    """One line of an entry: compact JSON (NaN refused, so that every line is JSON)."""
+    return json.dumps(action, separators=(",", ":"), allow_nan=False)
+
+
+def _add_line(f: FragmentRef, now_ms: int) -> str:
+    """The add action of ``f`` as one line, formatted directly rather than built as a dict
+    and serialised (an append carries hundreds); it is exactly ``_dump`` of that dict::
+
+        {"add": {"path": ..., "partitionValues": {}, "size": ..., "modificationTime": ...,
+                 "dataChange": true, "stats": "{\\"numRecords\\": <rows>}",
+                 "tags": {"lakestream.offset": "<offset>", "lakestream.rows": "<rows>",
+                          "lakestream.seq": "<seq>", "lakestream.crc32": "<crc32>"}}}
+    """
+    return (f'{{"add":{{"path":{json.dumps(f.path)},"partitionValues":{{}},"size":{int(f.size)},'
+            f'"modificationTime":{int(now_ms)},"dataChange":true,'
+            f'"stats":"{{\\"numRecords\\": {int(f.rows)}}}",'
+            f'"tags":{{"lakestream.offset":"{int(f.offset)}","lakestream.rows":"{int(f.rows)}",'
+            f'"lakestream.seq":"{int(f.seq)}","lakestream.crc32":"{int(f.crc32)}"}}}}}}')
+
+
+def _tags(f: FragmentRef) -> dict[str, str]:
+    return {"lakestream.offset": str(f.offset), "lakestream.rows": str(f.rows),
+            "lakestream.seq": str(f.seq), "lakestream.crc32": str(f.crc32)}
+
+
+def _remove(f: FragmentRef, now_ms: int) -> dict[str, Any]:
+    return {"remove": {
+        "path": f.path,
+        "deletionTimestamp": now_ms,
+        "dataChange": True,
+        "extendedFileMetadata": True,
+        "partitionValues": {},
+        "size": f.size,
+        "tags": _tags(f),
+    }}
+
+
+WRITER_FEATURE = "lakestreamLog"
+"""A writer feature no other Delta writer knows: the protocol says that writers which do
+not support every writer feature must not write, so delta-rs, Spark and others refuse to
+append to a stream (their commits would break replay), while readers, who check reader
+features only, read it as any table."""
+
+
+def delta_protocol(schema: pa.Schema) -> dict[str, Any]:
+    """The body of the ``protocol`` action of a stream with this schema.
+
+    Writer version 7 with ``WRITER_FEATURE`` keeps other Delta writers out. Readers see
+    reader version 1 when the schema needs no table feature (more Delta readers accept it),
+    else reader version 3 naming exactly the features needed, as readers refuse e.g.
+    ``timestamp_ntz`` columns without them.
+    """
+    features = delta_table_features(schema)
+    reader: dict[str, Any] = {"minReaderVersion": 3, "readerFeatures": features} if features \
+        else {"minReaderVersion": 1}
+    return {"minReaderVersion": reader["minReaderVersion"], "minWriterVersion": 7,
+            **({"readerFeatures": features} if features else {}),
+            "writerFeatures": [*features, WRITER_FEATURE]}
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """The Delta Lake JSON lines of an entry.
+
+    Raises:
+        ValueError: an append's ``state`` holds NaN or Infinity (not JSON).
+    """
+    now = int(time.time() * 1000)
+    fmt = GROUP_ENTRY_FORMAT if isinstance(entry, Register | RemoveGroup) \
+        else SEAL_ENTRY_FORMAT if isinstance(entry, Seal) \
+        else COMPACTED_ENTRY_FORMAT if isinstance(entry, Compacted) else FORMAT_VERSION
+    info: dict[str, Any] = {"format": fmt, "commit_id": entry.commit_id}
+    actions: list[dict[str, Any]] = []
+    lines: list[str] = []
+    operation, params = "WRITE", {"mode": "Append"}
+    if isinstance(entry, Create):
+        info["op"] = "create"
+        operation, params = "CREATE TABLE", {"mode": "ErrorIfExists"}
+        actions = [{"protocol": delta_protocol(entry.meta.schema)},
+                   {"metaData": entry.meta.to_json()}]
+    elif isinstance(entry, Append):
+        check_state(entry.state)
+        info.update(op="append", producer=entry.producer, epoch=entry.epoch,
+                    seq=[entry.first_seq, entry.last_seq], state=entry.state)
+        lines = [_add_line(f, now) for f in entry.fragments]
+        if entry.producer is not None:
+            lines.append(_dump({"txn": {"appId": entry.producer, "version": entry.last_seq,
+                                        "lastUpdated": now}}))
+    elif isinstance(entry, Fence):
+        info.update(op="fence", producer=entry.producer, epoch=entry.epoch)
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, Checkpoint):
+        info.update(op="checkpoint", group=entry.group, step=entry.step,
+                    checkpoint_id=entry.checkpoint_id)
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, Register):
+        info.update(op="register", group=entry.group, step=entry.step)
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, RemoveGroup):
+        info.update(op="remove_group", group=entry.group)
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, Seal):
+        info["op"] = "seal"
+        operation, params = "SET TBLPROPERTIES", {}
+    elif isinstance(entry, Reclaim):
+        info.update(op="reclaim", below_offset=entry.below_offset)
+        operation, params = "DELETE", {"predicate": f"offset < {entry.below_offset}"}
+        actions = [_remove(f, now) for f in entry.removed]
+    elif isinstance(entry, Compacted):
+        info.update(op="compacted", snapshot=entry.snapshot, replaced=entry.replaced)
+        operation, params = "SET TBLPROPERTIES", {}
+    else:  # pragma: no cover - the union is closed
+        raise TypeError(f"not a log entry: {entry!r}")
+    commit_info = {"commitInfo": {"timestamp": now, "operation": operation,
+                                  "operationParameters": params, "lakestream": info}}
+    lines += [_dump(a) for a in actions]
+    # Each line is serialised once: the checksum covers the commitInfo line without it, then
+    # the action lines as they are written (``entry_checksum`` of the same lines), and goes
+    # in as the last key of ``lakestream``, the last object of the line: the tail that
+    # ``_as_written`` cuts. allow_nan=False as a backstop: only the state holds floats.
+    head, body = _dump(commit_info), "".join("\n" + line for line in lines)
+    crc = zlib_ng.crc32((head + body).encode())
+    data = (head[:-3] + f',"crc32":{crc}}}}}}}' + body + "\n").encode()
+    if len(data) > MAX_ENTRY_BYTES:
+        raise ValueError(f"the entry is {len(data):,} bytes, over {MAX_ENTRY_BYTES:,}: commit "
+                         "fewer fragments at a time")
+    return data
+
+
+def _parse_lines(data: bytes, as_written: bool) -> list[Any]:
+    """The JSON values of the lines of ``data``, blank lines skipped. Bytes laid out as
+    ``encode_entry`` writes them (``as_written``) are parsed as one JSON array, an append
+    having hundreds of lines; any others line by line, so that a line that is not one JSON
+    value is refused as other Delta readers refuse it."""
+    if as_written:
+        values = json.loads(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+        if len(values) == data.count(b"\n"):  # a value a line
+            return values
+    # Split on "\n" alone, as Delta readers do: splitlines() also splits on \v, \f, \x1c...
+    return [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
+
+
+_CRC_TAIL = re.compile(rb',"crc32":(0|[1-9][0-9]{0,9})\}\}\}\Z')
+
+
+def _as_written(data: bytes) -> int | None:
+    """The checksum of ``data`` if it is byte for byte as ``encode_entry`` writes it (the
+    CRC-32 at the end of its first line matches the raw lines with it cut out), else None:
+    checking the raw bytes saves serialising every line again (``entry_checksum``)."""
+    first = data.find(b"\n")
+    if first < 0 or not data.endswith(b"\n"):
+        return None
+    tail = _CRC_TAIL.search(data[:first])
+    if tail is None:
+        return None
+    stored = int(tail.group(1))
+    crc = zlib_ng.crc32(data[:first - len(tail.group(0))] + b"}}}")
+    return stored if zlib_ng.crc32(data[first:-1], crc) == stored else None
+
+
+def entry_checksum(lines: list[dict[str, Any]]) -> int:
+    """CRC-32 of an entry's lines, compactly serialised, without the checksum itself: a
+    damaged entry that still parses is caught (object stores check transfers, not rot)."""
+    return zlib_ng.crc32("\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode())
+
+
+def _fragment(action: dict[str, Any], version: int) -> FragmentRef:
+    tags = action.get("tags") or {}
+    crc = tags.get("lakestream.crc32", -1)
+    ref = FragmentRef(
+        path=action["path"],
+        rows=count(tags["lakestream.rows"], "rows"),
+        size=count(action["size"], "size"),
+        offset=count(tags["lakestream.offset"], "offset"),
+        seq=count(tags["lakestream.seq"], "seq", low=-MAX_INT),
+        crc32=count(crc, "crc32", low=-1),
+    )
+    try:
+        check_data_key(ref.path)
+    except ValueError as e:
+        raise CorruptLogError(f"log version {version}: {e}") from None
+    return ref
+
+
+def _foreign(version: int, info: dict[str, Any]) -> str:
+    engine = info.get("engineInfo") or info.get("clientVersion")
+    return (f"log version {version} was committed by {engine} ({info.get('operation', '?')}), "
+            "not by Lakestream: other Delta writers may read a stream but not write to it, "
+            f"and replay cannot place their files in the global order. Streams created now "
+            f"declare the writer feature {WRITER_FEATURE!r}, which keeps such writers out; "
+            "for this one, remove that version's file (its data files stay orphans for gc) "
+            "and append the data through Lakestream")
+
+
+def decode_entry(version: int, data: bytes) -> Entry:
+    """Parses the JSON lines of log version ``version``.
+
+    Raises:
+        CorruptLogError: the text is not JSON lines, is not a Lakestream entry, has an unknown
+            format version, or names an unsafe key; the message names the version.
+    """
+    try:
+        as_written = _as_written(data)
+        try:
+            actions = _parse_lines(data, as_written is not None)
+        except ValueError:
+            if not data.endswith(b"\n"):
+                raise ValueError("it does not end with a newline: it is truncated") from None
+            raise
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for a in actions:
+            if not isinstance(a, dict) or len(a) != 1:
+                raise ValueError(f"not a Delta action: {str(a)[:80]}")
+            (kind, body), = a.items()
+            by_kind.setdefault(kind, []).append(body)
+        infos = by_kind.get("commitInfo", [])
+        if len(infos) != 1 or not isinstance(infos[0].get("lakestream"), dict):
+            if len(infos) == 1 and ("engineInfo" in infos[0] or "clientVersion" in infos[0]):
+                raise CorruptLogError(_foreign(version, infos[0]))
+            raise ValueError("no commitInfo.lakestream: not written by Lakestream")
+        if not data.endswith(b"\n"):
+            raise ValueError("it does not end with a newline: it is truncated")
+        info = infos[0]["lakestream"]
+        stored = info.pop("crc32", None)
+        if (stored != as_written if as_written is not None
+                else stored != entry_checksum(actions)):
+            raise ValueError(f"checksum {stored!r} does not match the content "
+                             f"({entry_checksum(actions)}): the entry is damaged")
+        fmt = info.get("format")
+        if fmt not in (FORMAT_VERSION, GROUP_ENTRY_FORMAT, SEAL_ENTRY_FORMAT,
+                       COMPACTED_ENTRY_FORMAT):
+            raise CorruptLogError(
+                f"log version {version} has format version {fmt!r}; this lakestream reads "
+                f"{FORMAT_VERSION}-{COMPACTED_ENTRY_FORMAT}: upgrade lakestream or check the "
+                "writer"
+            )
+        op, cid = info["op"], str(info["commit_id"])
+        if op == "create":
+            if version != 0:
+                raise ValueError("a create entry past version 0")
+            return Create(StreamMeta.from_json(by_kind["metaData"][0]), cid)
+        if "group" in info and not isinstance(info["group"], str):
+            raise ValueError(f"group {str(info['group'])[:40]!r} is not a string")
+        if op == "append":
+            frags = tuple(_fragment(a, version) for a in by_kind.get("add", []))
+            if not frags:
+                raise ValueError("an append with no add actions")
+            seqs = [f.seq for f in frags]
+            if info["seq"] != [seqs[0], seqs[-1]]:
+                raise ValueError(f"seq range {info['seq']} disagrees with the adds {seqs}")
+            producer = info["producer"]
+            if producer is not None:
+                check_producer_id(producer)
+            epoch = count(info["epoch"], "epoch", low=-MAX_INT)
+            return Append(producer, epoch, frags, info.get("state"), cid)
+        if op == "fence":
+            epoch = count(info["epoch"], "epoch", low=-MAX_INT)
+            return Fence(check_producer_id(info["producer"]), epoch, cid)
+        if op == "checkpoint":
+            return Checkpoint(info["group"], count(info["step"], "step"),
+                              _checkpoint_id(info.get("checkpoint_id")), cid)
+        if op == "register":
+            return Register(info["group"], count(info["step"], "step"), cid)
+        if op == "remove_group":
+            return RemoveGroup(info["group"], cid)
+        if op == "seal":
+            return Seal(cid)
+        if op == "reclaim":
+            removed = tuple(_fragment(a, version) for a in by_kind.get("remove", []))
+            return Reclaim(count(info["below_offset"], "below_offset"), removed, cid)
+        if op == "compacted":
+            replaced = info.get("replaced")
+            return Compacted(count(info["snapshot"], "snapshot"),
+                             None if replaced is None else str(replaced), cid)
+        raise ValueError(f"unknown operation {op!r}")
+    except CorruptLogError:
+        raise
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError,
+            RecursionError) as e:
+        problem = "its JSON is nested too deeply" if isinstance(e, RecursionError) else e
+        raise CorruptLogError(f"log version {version} cannot be read: {problem}") from None
+
+
+def _checkpoint_id(value: Any) -> str | None:
+    """A marker's checkpoint id: None or a string of at most ``MAX_CHECKPOINT_ID``
+    characters. It is data that names a location: the loaders decide whether to open it
+    (``lakestream.loaders.locations``), and terminals get it escaped."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_CHECKPOINT_ID:
+        raise ValueError(f"checkpoint id {str(value)[:80]!r} is not a string of at most "
+                         f"{MAX_CHECKPOINT_ID} characters")
+    return value
