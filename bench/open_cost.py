@@ -19,7 +19,7 @@ import pyarrow as pa
 
 import lakestream
 from lakestream.log.entries import Fence
-from lakestream.log.snapshot import load_state
+from lakestream.log.opening import load_state
 from lakestream.store import open_store
 
 RESULTS = Path(__file__).parent / "results"

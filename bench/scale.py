@@ -110,7 +110,7 @@ def _probe(uri: str, what: str, out: Any) -> None:
     """One measurement in a fresh process."""
     import gc
 
-    from lakestream.log.snapshot import load_state
+    from lakestream.log.opening import load_state
     from lakestream.store import open_store
 
     gc.collect()

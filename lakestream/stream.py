@@ -44,8 +44,9 @@ from lakestream.log.gc import (
     store_now,
 )
 from lakestream.log.index import Fragment, SegmentError
+from lakestream.log.opening import load_state, replay_log
 from lakestream.log.replay import Marker, ReplayState, refuse_if_sealed
-from lakestream.log.snapshot import load_state, rebase, replay_log, write_snapshot
+from lakestream.log.snapshot import rebase, write_snapshot
 from lakestream.log.tail import ReadEntry, catch_up, entry_or_none
 from lakestream.log.transaction import (
     DEFAULT_POST_COMMIT,

@@ -33,11 +33,11 @@ from lakestream.log.entries import (
     log_version,
 )
 from lakestream.log.inventory import unreferenced
+from lakestream.log.opening import read_version_pointer
 from lakestream.log.replay import ReplayState
 from lakestream.log.snapshot import (
     INDEX_DIR,
     SNAPSHOT_DIR,
-    read_version_pointer,
     snapshot_key,
     snapshot_segments,
     snapshot_version,

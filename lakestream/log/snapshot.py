@@ -1,10 +1,10 @@
-"""Snapshots of the replay state, and opening a stream in a number of requests that does not
-grow with the log (docs/design.md §4).
+"""Snapshots of the replay state: writing one, decoding one, and rebasing a state on the
+newest (docs/design.md §4); opening from them is ``lakestream.log.opening``.
 
 A snapshot is a small JSON manifest (the producers, markers and counters, and a CRC-32) that
 names the index segments holding its live fragments, each with its version range, offset
 range, fragment count and checksum. Opening reads the manifest and no segment: a lookup
-fetches the segments it needs (``lakestream.index``).
+fetches the segments it needs (``lakestream.log.index``).
 
 Segments are immutable Parquet files of at most ``SEGMENT_FRAGMENTS`` fragments, and a
 segment's content is a function of its key, so any writer may write it:
@@ -33,7 +33,6 @@ from zlib_ng import zlib_ng
 from lakestream.errors import (
     AlreadyExistsError,
     CorruptLogError,
-    LogCompactedError,
     NotFoundError,
     TooLargeError,
 )
@@ -44,7 +43,6 @@ from lakestream.log.entries import (
     check_data_key,
     check_group,
     check_producer_id,
-    log_key,
 )
 from lakestream.log.index import (
     SEGMENT_FRAGMENTS,
@@ -57,7 +55,6 @@ from lakestream.log.index import (
     fetch_segment,
 )
 from lakestream.log.replay import Marker, ProducerState, ReplayState
-from lakestream.log.tail import read_tail
 from lakestream.log.threads import shared_pool
 from lakestream.store.base import ObjectStore
 from lakestream.store.parse import MAX_INT, count, loads
@@ -84,7 +81,6 @@ MAX_MANIFEST_BYTES = 256 << 20
 and every marker (a million producers' cursors fit)."""
 MAX_SEGMENT_BYTES = 64 << 20
 """The largest index segment read: 8,192 fragments take about 1 MB."""
-MAX_POINTER_BYTES = 4096
 
 
 def read_manifest(store: ObjectStore, version: int) -> bytes:
@@ -408,130 +404,3 @@ def snapshot_segments(store: ObjectStore, version: int) -> list[str]:
         return [prefix + str(s[0]) for s in info["segments"]]
     except _PARSE_ERRORS as e:
         raise CorruptLogError(f"snapshot {snapshot_key(version)} cannot be read: {e}") from None
-
-
-def _exists(store: ObjectStore, key: str) -> bool:
-    try:
-        store.head(key)
-        return True
-    except NotFoundError:
-        return False
-
-
-def read_version_pointer(store: ObjectStore, key: str) -> int | None:
-    """The version a pointer object (``{"version": v, ...}``, overwritten in place) names, or
-    None if it is missing, torn or foreign.
-
-    Raises:
-        StoreError: the store failed.
-    """
-    try:
-        return count(loads(store.get(key, max_bytes=MAX_POINTER_BYTES))["version"], "version")
-    except (NotFoundError, ValueError, KeyError, TypeError):
-        return None
-
-
-def read_hint(store: ObjectStore) -> int | None:
-    """The version the hint names, or None if it is unusable (a hint is only a hint: the
-    opener probes instead)."""
-    return read_version_pointer(store, HINT_KEY)
-
-
-def _latest_snapshot(store: ObjectStore, known: int, interval: int) -> int:
-    """The newest snapshot version at or after ``known`` (which exists), by exponential then
-    binary search over multiples of ``interval`` with HEAD requests."""
-    step, lo = interval, known
-    while _exists(store, snapshot_key(lo + step)):
-        lo, step = lo + step, step * 2
-    hi = lo + step  # absent
-    while hi - lo > interval:
-        mid = lo + ((hi - lo) // interval // 2) * interval
-        if _exists(store, snapshot_key(mid)):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def load_state(store: ObjectStore, uri: str, *, start: int | None = None) -> ReplayState:
-    """Opens the stream's state: hint -> newest snapshot -> the tail of the log.
-
-    A missing or stale hint costs a few HEADs (exponential, then binary search over snapshot
-    versions); a corrupt snapshot falls back to an older one plus replay. ``start`` names a
-    snapshot to probe from instead of the hint's (a tombstone's: the hint may be older). A
-    tail that runs into gc's tombstones (the snapshot found was older than the retained log)
-    is read again from the snapshot the tombstone names, or else from the newest listed.
-
-    Raises:
-        NotFoundError: no stream exists at ``uri``.
-        CorruptLogError: a log entry, or every snapshot and the log itself, is unreadable.
-    """
-    errors: list[str] = []
-    listed = False
-    for _ in range(3):
-        state = _newest_snapshot(store, errors, start, listed)
-        if state is None:
-            if not _exists(store, log_key(0)):
-                if errors:
-                    raise CorruptLogError(f"no readable snapshot of {uri}: {errors}")
-                raise NotFoundError(f"no Lakestream stream at {uri} (no {log_key(0)}); "
-                                    "create it")
-            state = ReplayState()
-        try:
-            return read_tail(store, state)
-        except LogCompactedError as e:
-            errors.append(str(e))
-            if start is not None and e.snapshot <= start:
-                listed = True  # the tombstone's snapshot is no newer: list the snapshots
-            start = e.snapshot
-    raise CorruptLogError(f"{uri}: every snapshot found is older than the retained log: "
-                          f"{errors}")
-
-
-def replay_log(store: ObjectStore, damage: CorruptLogError) -> ReplayState:
-    """The state from the log alone, no snapshot or segment read: what a reader falls back
-    on when an index segment it needs is damaged (``damage``).
-
-    Raises:
-        CorruptLogError: ``damage``, if gc has compacted the log's start away.
-    """
-    if not _exists(store, log_key(0)):
-        raise damage
-    log.warning("%s; replaying the log of %s instead", damage, store.uri)
-    try:
-        return read_tail(store, ReplayState())
-    except LogCompactedError:
-        raise damage from None
-
-
-def _newest_snapshot(store: ObjectStore, errors: list[str], start: int | None = None,
-                     listed: bool = False) -> ReplayState | None:
-    if not listed:
-        start = read_hint(store) if start is None else max(start, read_hint(store) or 0)
-        if start is None and _exists(store, snapshot_key(0)):
-            start = 0
-        if start is not None:
-            try:
-                known = decode_snapshot(start, read_manifest(store, start),
-                                        segment_fetcher(store))
-            except (NotFoundError, CorruptLogError) as e:
-                errors.append(str(e))
-            else:
-                latest = _latest_snapshot(store, start, known.stream_meta.snapshot_interval)
-                if latest == start:
-                    return known
-                try:
-                    return decode_snapshot(latest, read_manifest(store, latest),
-                                           segment_fetcher(store))
-                except (NotFoundError, CorruptLogError) as e:
-                    errors.append(str(e))
-                    return known
-    # The hint and its snapshot are unusable: list the (few, retained) snapshots instead.
-    for key in sorted((m.key for m in store.list(SNAPSHOT_DIR)), reverse=True):
-        try:
-            version = snapshot_version(key)
-            return decode_snapshot(version, read_manifest(store, version),
-                                   segment_fetcher(store))
-        except (ValueError, NotFoundError, CorruptLogError) as e:
-            errors.append(str(e))
-    return None

@@ -30,8 +30,9 @@ from lakestream.errors import (
 from lakestream.failpoints import failpoint
 from lakestream.log.codec import encode_entry
 from lakestream.log.entries import Compacted, Entry, log_key, new_commit_id
+from lakestream.log.opening import load_state
 from lakestream.log.replay import ReplayState
-from lakestream.log.snapshot import load_state, write_snapshot
+from lakestream.log.snapshot import write_snapshot
 from lakestream.log.tail import catch_up, read_entry
 from lakestream.store.base import ObjectStore
 

@@ -15,7 +15,7 @@ import lakestream.stream
 from lakestream.errors import LogCompactedError
 from lakestream.log.entries import Compacted, log_key
 from lakestream.log.gc import COMPACTED_KEY
-from lakestream.log.snapshot import read_version_pointer
+from lakestream.log.opening import read_version_pointer
 from lakestream.log.tail import read_entry
 from lakestream.ops.verify import verify
 from lakestream.producers import Producer

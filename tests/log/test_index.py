@@ -14,7 +14,8 @@ from lakestream.errors import CorruptLogError
 from lakestream.log.codec import encode_entry
 from lakestream.log.entries import Append, FragmentRef, Reclaim, log_key
 from lakestream.log.index import CACHED_SEGMENTS, SEGMENT_FRAGMENTS, FragmentIndex
-from lakestream.log.snapshot import INDEX_DIR, load_state, snapshot_key
+from lakestream.log.opening import load_state
+from lakestream.log.snapshot import INDEX_DIR, snapshot_key
 from lakestream.producers import Producer
 from lakestream.store import open_store
 from tests.helpers import SCHEMA, ids, rows

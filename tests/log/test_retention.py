@@ -17,8 +17,8 @@ import lakestream.log.gc
 from lakestream.errors import StepNotAvailableError
 from lakestream.log.entries import Fence
 from lakestream.log.inventory import unreferenced
+from lakestream.log.opening import read_hint
 from lakestream.log.progress import publish_progress
-from lakestream.log.snapshot import read_hint
 from lakestream.log.tail import TAIL_WIDTH
 from lakestream.ops.verify import verify
 from tests.helpers import SCHEMA, delta_ids, ids, rows
@@ -225,7 +225,8 @@ def test_a_long_log_compacts_to_what_is_retained(tmp_path, monkeypatch) -> None:
 
 
 def test_snapshots_after_a_reclaim_drop_it_and_gc_sweeps_old_segments(tmp_path) -> None:
-    from lakestream.log.snapshot import INDEX_DIR, load_state, segment_key, snapshot_segments
+    from lakestream.log.opening import load_state
+    from lakestream.log.snapshot import INDEX_DIR, segment_key, snapshot_segments
 
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=B, snapshot_interval=2)

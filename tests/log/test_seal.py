@@ -11,7 +11,7 @@ import lakestream
 from lakestream.errors import StreamSealedError
 from lakestream.log.codec import decode_entry, encode_entry
 from lakestream.log.entries import SEAL_ENTRY_FORMAT, Append, FragmentRef, Seal
-from lakestream.log.snapshot import load_state
+from lakestream.log.opening import load_state
 from lakestream.ops.status import status
 from lakestream.ops.verify import verify
 from lakestream.producers import Producer

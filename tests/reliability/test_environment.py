@@ -15,7 +15,7 @@ from typing import Any
 
 import lakestream
 from lakestream.errors import NotFoundError
-from lakestream.log.snapshot import load_state
+from lakestream.log.opening import load_state
 from lakestream.producers import Producer
 from lakestream.store import ObjectMeta, ObjectStore, open_store
 from tests.helpers import SCHEMA, ids, rows

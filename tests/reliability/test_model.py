@@ -13,8 +13,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import lakestream
 from lakestream.errors import LakestreamError, StoreError
 from lakestream.log.entries import LOG_DIR
+from lakestream.log.opening import load_state
 from lakestream.log.replay import ReplayState
-from lakestream.log.snapshot import load_state, write_snapshot
+from lakestream.log.snapshot import write_snapshot
 from lakestream.log.tail import read_tail
 from lakestream.producers import Producer
 from lakestream.store import ObjectStore

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from lakestream.errors import LakestreamError
 from lakestream.log.codec import decode_entry, entry_checksum
+from lakestream.log.opening import read_hint
 from lakestream.log.progress import progress_key, read_progress
 from lakestream.log.replay import ReplayState
-from lakestream.log.snapshot import HINT_KEY, decode_snapshot, read_hint
+from lakestream.log.snapshot import HINT_KEY, decode_snapshot
 from lakestream.read.fragments import FragmentReader
 from lakestream.store import LocalStore
 from tests.conftest import SOAK
