@@ -43,9 +43,9 @@ from lakestream.log.gc import (
     retention_point,
     store_now,
 )
-from lakestream.log.index import Fragment, SegmentError
 from lakestream.log.opening import load_state, replay_log
 from lakestream.log.replay import Marker, ReplayState, refuse_if_sealed
+from lakestream.log.segments import Fragment, SegmentError
 from lakestream.log.snapshot import rebase, write_snapshot
 from lakestream.log.tail import ReadEntry, catch_up, entry_or_none
 from lakestream.log.transaction import (

@@ -9,12 +9,12 @@ import logging
 from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError
 from lakestream.log.entries import log_key
 from lakestream.log.replay import ReplayState
+from lakestream.log.segments import segment_fetcher
 from lakestream.log.snapshot import (
     HINT_KEY,
     SNAPSHOT_DIR,
     decode_snapshot,
     read_manifest,
-    segment_fetcher,
     snapshot_key,
     snapshot_version,
 )

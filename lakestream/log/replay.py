@@ -23,7 +23,8 @@ from lakestream.log.entries import (
     StreamMeta,
     valid_group,
 )
-from lakestream.log.index import Fragment, FragmentIndex, Removal
+from lakestream.log.index import FragmentIndex, Removal
+from lakestream.log.segments import Fragment
 from lakestream.store.parse import MAX_INT
 
 

@@ -44,24 +44,24 @@ from lakestream.log.entries import (
     check_group,
     check_producer_id,
 )
-from lakestream.log.index import (
+from lakestream.log.index import FragmentIndex, Part, check_part
+from lakestream.log.replay import Marker, ProducerState, ReplayState
+from lakestream.log.segments import (
+    INDEX_DIR,
     SEGMENT_FRAGMENTS,
     Columns,
-    FragmentIndex,
-    Part,
-    SegmentError,
-    check_part,
     encode_segment,
     fetch_segment,
+    segment_fetcher,
+    segment_key,
+    shrunk_key,
 )
-from lakestream.log.replay import Marker, ProducerState, ReplayState
 from lakestream.log.threads import shared_pool
 from lakestream.store.base import ObjectStore
 from lakestream.store.parse import MAX_INT, count, loads
 
 log = logging.getLogger("lakestream")
 SNAPSHOT_DIR = "_lakestream/snapshots/"
-INDEX_DIR = "_lakestream/index/"
 HINT_KEY = "_lakestream/_last_snapshot"
 SNAPSHOT_FORMAT = 3
 SEALED_SNAPSHOT_FORMAT = 4
@@ -79,8 +79,7 @@ _PARSE_ERRORS = (ValueError, KeyError, TypeError, IndexError, OSError, pa.ArrowE
 MAX_MANIFEST_BYTES = 256 << 20
 """The largest manifest read: it grows by a row per segment and with every producer's state
 and every marker (a million producers' cursors fit)."""
-MAX_SEGMENT_BYTES = 64 << 20
-"""The largest index segment read: 8,192 fragments take about 1 MB."""
+
 
 
 def read_manifest(store: ObjectStore, version: int) -> bytes:
@@ -97,18 +96,6 @@ def read_manifest(store: ObjectStore, version: int) -> bytes:
         raise CorruptLogError(f"snapshot {key} cannot be read: {e}") from None
 
 
-def segment_fetcher(store: ObjectStore) -> Callable[[str], bytes]:
-    """How an index fetches its segments: a GET of at most ``MAX_SEGMENT_BYTES``."""
-
-    def fetch(key: str) -> bytes:
-        try:
-            return store.get(key, max_bytes=MAX_SEGMENT_BYTES)
-        except TooLargeError as e:
-            raise SegmentError(f"index segment {key} cannot be read: {e}", key) from None
-
-    return fetch
-
-
 def snapshot_key(version: int) -> str:
     return f"{SNAPSHOT_DIR}{version:020d}.json"
 
@@ -116,19 +103,6 @@ def snapshot_key(version: int) -> str:
 def snapshot_version(key: str) -> int:
     """The version a snapshot key names (ValueError if it names none)."""
     return int(key[len(SNAPSHOT_DIR):].split(".")[0])
-
-
-def segment_key(lo: int, hi: int, reclaim: int, n: int) -> str:
-    """Run ``n`` of the fragments committed at versions ``(lo, hi]``, less those removed by
-    reclaims up to version ``reclaim`` (0: none). Unpadded: every manifest names each of its
-    segments, and opening parses the names (older streams' padded ones read the same)."""
-    return f"{INDEX_DIR}{lo}-{hi}-{reclaim}-{n}.parquet"
-
-
-def shrunk_key(key: str, reclaim: int) -> str:
-    """Segment ``key`` less the fragments removed by reclaims up to version ``reclaim``."""
-    stem = key.removesuffix(".parquet").split("~")[0]
-    return f"{stem}~{reclaim}.parquet"
 
 
 def _encode_manifest(state: ReplayState, segments: list[list[object]]) -> bytes:

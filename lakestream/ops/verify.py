@@ -11,11 +11,11 @@ from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError,
 from lakestream.log.codec import decode_entry
 from lakestream.log.entries import MAX_ENTRY_BYTES, log_key
 from lakestream.log.replay import ReplayState
+from lakestream.log.segments import segment_fetcher
 from lakestream.log.snapshot import (
     SNAPSHOT_DIR,
     decode_snapshot,
     read_manifest,
-    segment_fetcher,
     snapshot_key,
     snapshot_version,
 )

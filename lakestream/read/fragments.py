@@ -16,7 +16,7 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
 from lakestream.log.entries import DATA_DIR
-from lakestream.log.index import Fragment
+from lakestream.log.segments import Fragment
 from lakestream.plan.slices import plan_rows
 from lakestream.store.base import ObjectStore
 

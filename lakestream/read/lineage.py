@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
-from lakestream.log.index import Fragment
 from lakestream.log.replay import Marker, ReplayState
+from lakestream.log.segments import Fragment
 from lakestream.read.fragments import key_writer
 
 POLICY_COLUMNS = ("policy_version", "policy_version_min", "policy_version_max")

@@ -13,9 +13,10 @@ import lakestream
 from lakestream.errors import CorruptLogError
 from lakestream.log.codec import encode_entry
 from lakestream.log.entries import Append, FragmentRef, Reclaim, log_key
-from lakestream.log.index import CACHED_SEGMENTS, SEGMENT_FRAGMENTS, FragmentIndex
+from lakestream.log.index import CACHED_SEGMENTS, FragmentIndex
 from lakestream.log.opening import load_state
-from lakestream.log.snapshot import INDEX_DIR, snapshot_key
+from lakestream.log.segments import INDEX_DIR, SEGMENT_FRAGMENTS
+from lakestream.log.snapshot import snapshot_key
 from lakestream.producers import Producer
 from lakestream.store import open_store
 from tests.helpers import SCHEMA, ids, rows
@@ -293,7 +294,7 @@ def test_a_segment_put_that_finds_its_key_taken_refreshes_its_timestamp(tmp_path
     # timestamp, so gc could delete it before the new manifest named it.
     import os
 
-    from lakestream.log.index import Columns
+    from lakestream.log.segments import Columns
     from lakestream.log.snapshot import _put_segment
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4,

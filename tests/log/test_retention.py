@@ -226,7 +226,8 @@ def test_a_long_log_compacts_to_what_is_retained(tmp_path, monkeypatch) -> None:
 
 def test_snapshots_after_a_reclaim_drop_it_and_gc_sweeps_old_segments(tmp_path) -> None:
     from lakestream.log.opening import load_state
-    from lakestream.log.snapshot import INDEX_DIR, segment_key, snapshot_segments
+    from lakestream.log.segments import INDEX_DIR, segment_key
+    from lakestream.log.snapshot import snapshot_segments
 
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=B, snapshot_interval=2)

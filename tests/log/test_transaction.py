@@ -20,7 +20,8 @@ from lakestream.errors import (
 )
 from lakestream.log.entries import DATA_DIR, LOG_DIR, Checkpoint, Fence, log_key
 from lakestream.log.opening import load_state
-from lakestream.log.snapshot import INDEX_DIR, decode_snapshot, snapshot_key, snapshot_segments
+from lakestream.log.segments import INDEX_DIR
+from lakestream.log.snapshot import decode_snapshot, snapshot_key, snapshot_segments
 from lakestream.log.transaction import CommitOptions, Exhausted, Landed, Rejected, Transaction
 from lakestream.ops.verify import verify
 from lakestream.store import LocalStore
