@@ -34,17 +34,10 @@ from lakestream.log.entries import (
     check_group,
     log_key,
 )
-from lakestream.log.gc import (
-    GcReport,
-    RetentionPoint,
-    collect,
-    group_holds,
-    reclaim_entry,
-    retention_point,
-    store_now,
-)
+from lakestream.log.gc import GcReport, collect, store_now
 from lakestream.log.opening import load_state, replay_log
 from lakestream.log.replay import Marker, ReplayState, refuse_if_sealed
+from lakestream.log.retention import RetentionPoint, group_holds, reclaim_entry, retention_point
 from lakestream.log.segments import Fragment, SegmentError
 from lakestream.log.snapshot import rebase, write_snapshot
 from lakestream.log.tail import ReadEntry, catch_up, entry_or_none

@@ -1,5 +1,6 @@
-"""Checkpoint-aligned retention (docs/design.md §7): reclaim what no retained checkpoint
-needs, then garbage-collect files, old log entries and snapshots after a grace period."""
+"""Garbage collection (docs/design.md §7): after a grace period, delete the files retention
+reclaimed and uploads never committed, and compact old log entries into tombstones, old
+snapshots and index segments away."""
 
 from __future__ import annotations
 
@@ -25,8 +26,6 @@ from lakestream.log.entries import (
     MAX_ENTRY_BYTES,
     TOMBSTONE_TTL_S,
     Compacted,
-    Entry,
-    FragmentRef,
     Reclaim,
     is_delta_checkpoint_key,
     log_key,
@@ -51,49 +50,6 @@ CLOCK_KEY = "_lakestream/_clock"
 COMPACTED_KEY = "_lakestream/_compacted"
 """``{"version": F}``: every log version below F is a tombstone (or, after its TTL, gone)."""
 LAST_CHECKPOINT_KEY = "_delta_log/_last_checkpoint"
-
-
-@dataclass(frozen=True)
-class RetentionPoint:
-    """Where retention may reclaim up to: offsets below ``below_offset`` (step ``step``)."""
-
-    step: int
-    below_offset: int
-    fragments: tuple[FragmentRef, ...]
-    """Live fragments wholly below the point, and the files of void appends."""
-
-    @property
-    def bytes(self) -> int:
-        return sum(f.size for f in self.fragments)
-
-
-def retention_point(state: ReplayState, keep_last: int) -> RetentionPoint:
-    """The smallest step any consumer group may still resume at: over each group's last
-    ``keep_last`` markers, and the registration step of each registered group that has no
-    marker yet. A stream with no group holds everything: nothing says what is consumed.
-    Only what groups committed counts (markers, registrations), never a progress object.
-    """
-    step, below = state.retention_point(keep_last)
-    live = tuple(FragmentRef(f.path, f.rows, f.size, f.offset, -1, f.crc32)
-                 for f in state.index.below(below))
-    void = tuple(f for _v, fs in state.voided for f in fs)
-    return RetentionPoint(step, below, live + void)
-
-
-def group_holds(state: ReplayState, keep_last: int) -> dict[str, int]:
-    """The step from which each consumer group holds data (``ReplayState.holds``)."""
-    return state.holds(keep_last)
-
-
-def reclaim_entry(state: ReplayState, keep_last: int, commit_id: str) -> Entry | None:
-    """The reclaim entry to commit on top of ``state``, or None if nothing is reclaimable.
-
-    Built anew on each commit attempt, so markers committed concurrently are honoured.
-    """
-    point = retention_point(state, keep_last)
-    if not point.fragments and point.below_offset <= state.reclaimed_below:
-        return None
-    return Reclaim(point.below_offset, point.fragments, commit_id)
 
 
 def store_now(store: ObjectStore) -> float:

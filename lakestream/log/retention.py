@@ -1,0 +1,53 @@
+"""Checkpoint-aligned retention (docs/design.md §7): what no retained checkpoint needs, and
+the reclaim entry that removes it from the table (``lakestream.log.gc`` deletes the files
+later)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lakestream.log.entries import Entry, FragmentRef, Reclaim
+from lakestream.log.replay import ReplayState
+
+
+@dataclass(frozen=True)
+class RetentionPoint:
+    """Where retention may reclaim up to: offsets below ``below_offset`` (step ``step``)."""
+
+    step: int
+    below_offset: int
+    fragments: tuple[FragmentRef, ...]
+    """Live fragments wholly below the point, and the files of void appends."""
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.fragments)
+
+
+def retention_point(state: ReplayState, keep_last: int) -> RetentionPoint:
+    """The smallest step any consumer group may still resume at: over each group's last
+    ``keep_last`` markers, and the registration step of each registered group that has no
+    marker yet. A stream with no group holds everything: nothing says what is consumed.
+    Only what groups committed counts (markers, registrations), never a progress object.
+    """
+    step, below = state.retention_point(keep_last)
+    live = tuple(FragmentRef(f.path, f.rows, f.size, f.offset, -1, f.crc32)
+                 for f in state.index.below(below))
+    void = tuple(f for _v, fs in state.voided for f in fs)
+    return RetentionPoint(step, below, live + void)
+
+
+def group_holds(state: ReplayState, keep_last: int) -> dict[str, int]:
+    """The step from which each consumer group holds data (``ReplayState.holds``)."""
+    return state.holds(keep_last)
+
+
+def reclaim_entry(state: ReplayState, keep_last: int, commit_id: str) -> Entry | None:
+    """The reclaim entry to commit on top of ``state``, or None if nothing is reclaimable.
+
+    Built anew on each commit attempt, so markers committed concurrently are honoured.
+    """
+    point = retention_point(state, keep_last)
+    if not point.fragments and point.below_offset <= state.reclaimed_below:
+        return None
+    return Reclaim(point.below_offset, point.fragments, commit_id)
