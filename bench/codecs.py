@@ -31,7 +31,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from floor import cpu_per_gb  # noqa: E402
 
-from lakestream.read.fragments import encode_fragment  # noqa: E402
+from lakestream.log.fragments import encode_fragment  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 CODECS: dict[str, tuple[str, int | None]] = {

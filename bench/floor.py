@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lakestream.read.fragments import encode_fragment
+from lakestream.log.fragments import encode_fragment
 
 
 def cpu_per_gb(work: Callable[[int], Any], tables: list[Any], seconds: float) -> float:

@@ -62,7 +62,7 @@ def build(uri: str, fragments: int) -> None:
     import zlib
 
     from lakestream.log.entries import Append, FragmentRef
-    from lakestream.read.fragments import encode_fragment
+    from lakestream.log.fragments import encode_fragment
 
     s = lakestream.create(uri, SCHEMA, global_batch_size=B, snapshot_interval=10)
     per = fragments // VERSIONS

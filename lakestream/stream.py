@@ -34,6 +34,7 @@ from lakestream.log.entries import (
     check_group,
     log_key,
 )
+from lakestream.log.fragments import ANONYMOUS, encode_fragment, fragment_key, put_fragment
 from lakestream.log.gc import GcReport, collect, store_now
 from lakestream.log.opening import load_state, replay_log
 from lakestream.log.replay import Marker, ReplayState, refuse_if_sealed
@@ -53,15 +54,8 @@ from lakestream.log.transaction import (
     unwrap,
 )
 from lakestream.plan.slices import check_world, slice_offsets
-from lakestream.read.fragments import (
-    ANONYMOUS,
-    FragmentCache,
-    FragmentReader,
-    encode_fragment,
-    fragment_key,
-    put_fragment,
-    read_spans,
-)
+from lakestream.read.cache import FragmentCache
+from lakestream.read.fragments import FragmentReader, read_spans
 from lakestream.read.lineage import StepLineage, step_lineage
 from lakestream.schema.conform import conform, validate_schema
 from lakestream.store import ObjectStore, open_store

@@ -15,12 +15,12 @@ from zlib_ng import zlib_ng
 from lakestream.errors import LakestreamError
 from lakestream.failpoints import failpoint
 from lakestream.log.entries import Entry, Fence, check_group, check_producer_id, check_state
+from lakestream.log.fragments import encode_fragment, fragment_key, put_fragment
 from lakestream.log.progress import Progress, read_progress
 from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
 from lakestream.producers.stats import ProducerStats
-from lakestream.read.fragments import encode_fragment, fragment_key, put_fragment
 from lakestream.schema.conform import conform, oversized_sample
 from lakestream.store.base import ObjectStore
 from lakestream.store.local import LocalStore

@@ -31,13 +31,13 @@ from lakestream.log.entries import (
     log_key,
     log_version,
 )
+from lakestream.log.fragments import key_writer
 from lakestream.log.inventory import unreferenced
 from lakestream.log.opening import read_version_pointer
 from lakestream.log.replay import ReplayState
 from lakestream.log.segments import INDEX_DIR
 from lakestream.log.snapshot import SNAPSHOT_DIR, snapshot_key, snapshot_segments, snapshot_version
 from lakestream.log.tail import read_entry
-from lakestream.read.fragments import key_writer
 from lakestream.store.base import ObjectMeta, ObjectStore
 
 T = TypeVar("T")

@@ -1,208 +1,23 @@
-"""Fragments: encoding a table as one Parquet file, naming it, and reading rows back."""
+"""Reading fragments' rows back: only the row groups needed, every file checked against what
+the log says of it before it is decoded."""
 
 from __future__ import annotations
 
-import re
 import threading
-import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from zlib_ng import zlib_ng
 
-from lakestream.errors import AlreadyExistsError, CorruptLogError, NotFoundError
-from lakestream.log.entries import DATA_DIR
+from lakestream.errors import CorruptLogError, NotFoundError
+from lakestream.log.fragments import read_whole
 from lakestream.log.segments import Fragment
 from lakestream.plan.slices import plan_rows
+from lakestream.read.cache import FragmentCache
 from lakestream.store.base import ObjectStore
-
-ROW_GROUP_TARGET_BYTES = 1 << 20
-"""Row groups of about 1 MiB (decoded) let a rank slice read little of a large fragment."""
-ENCODE_SLACK_BYTES, COLUMN_SLACK_BYTES = 64 << 10, 1 << 10
-"""Room past an eighth over a table's Arrow size that its encoding is given, and more per
-column (levels, page headers, the footer): a file that does not fit is encoded again into a
-buffer that grows."""
-WHOLE_FILE_BYTES = 8 << 20
-"""Fragments up to this size are read whole, in one GET, and checked against their CRC-32;
-larger ones are read by row group, their pages checked by Parquet's page checksums."""
-
-
-ANONYMOUS = "_append"
-"""The data folder of ``Stream.append`` (plain appends belong to no producer); no producer
-id can clash with it, since ids start with a letter or digit."""
-_KEY = re.compile(rf"{re.escape(DATA_DIR)}([^/]+)/([0-9]+)-([0-9]+)-[^/]*\.parquet")
-
-
-def fragment_key(producer: str, epoch: int, seq: int) -> str:
-    """``data/<producer>/<epoch>-<seq>-<uuid>.parquet``: unique even across zombies."""
-    return f"{DATA_DIR}{producer}/{epoch}-{seq}-{uuid.uuid4().hex}.parquet"
-
-
-def key_writer(key: str) -> tuple[str | None, int, int] | None:
-    """``(producer, epoch, seq)`` of a fragment key that ``fragment_key`` made (producer
-    None for ``Stream.append``'s), or None for a key of another shape."""
-    m = _KEY.fullmatch(key)
-    if m is None:
-        return None
-    producer = None if m.group(1) == ANONYMOUS else m.group(1)
-    return producer, int(m.group(2)), int(m.group(3))
-
-
-def put_fragment(store: ObjectStore, key: str, body: bytes | memoryview) -> None:
-    """Creates the fragment at ``key`` (a key only this writer names, see ``fragment_key``).
-
-    A 412 can only be our own earlier attempt, retried after its reply was lost: the object
-    is ours, and the put succeeded.
-    """
-    try:
-        store.put(key, body, mode="create")
-    except AlreadyExistsError:
-        pass
-
-
-def _is_nested(t: pa.DataType) -> bool:
-    return pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
-
-
-def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zstd",
-                    compression_level: int | None = 1, nbytes: int | None = None) -> memoryview:
-    """Parquet bytes for ``table``, with row groups aligned to ``group_size``: a view of
-    Arrow's buffer, not a copy (stores, ``zlib_ng.crc32`` and files take it as it is).
-
-    Dictionary encoding and statistics are kept for scalar columns (ids, rewards, versions
-    repeat and are cheap to encode) and turned off for list and binary columns (tokens,
-    log-probs, images), where they cost time and save little.
-
-    Every byte stays checked on read: a fragment up to ``WHOLE_FILE_BYTES`` is read whole
-    and checked against the CRC-32 its commit records, so only larger ones carry Parquet
-    page checksums (their row groups are read alone). One that grows past the bound
-    despite a small table is encoded again, with them.
-
-    ``nbytes`` is ``table.nbytes`` when the caller has it: Arrow walks every column to
-    compute it (about 14 µs for a 16-sample RL fragment, a third of its size check).
-    """
-    n = table.num_rows
-    if nbytes is None:
-        nbytes = table.nbytes
-    per_row = max(1, nbytes // max(1, n))
-    rows = max(group_size, (ROW_GROUP_TARGET_BYTES // per_row) // group_size * group_size)
-    scalar = [f.name for f in table.schema if not _is_nested(f.type)]
-    checksums = nbytes > WHOLE_FILE_BYTES // 2
-    level = compression_level if compression != "none" else None
-    room = nbytes + nbytes // 8 + ENCODE_SLACK_BYTES + COLUMN_SLACK_BYTES * table.num_columns
-    while True:
-        body = _write_parquet(table, room, row_group_size=rows, compression=compression,
-                              compression_level=level, use_dictionary=scalar,
-                              write_statistics=scalar, write_page_checksum=checksums)
-        if checksums or len(body) <= WHOLE_FILE_BYTES:
-            return body
-        checksums = True
-
-
-def _write_parquet(table: pa.Table, capacity: int, **options: Any) -> memoryview:
-    """``pq.write_table`` into a buffer of ``capacity`` bytes allocated once; into one that
-    grows (by doubling, each time copying what it holds) only if the file is larger."""
-    buffer = pa.allocate_buffer(capacity)
-    sink = pa.FixedSizeBufferWriter(buffer)
-    try:
-        pq.write_table(table, sink, **options)
-    except OSError:  # past the end of the buffer (a codec's failure raises again below)
-        grown = pa.BufferOutputStream()
-        pq.write_table(table, grown, **options)
-        return memoryview(grown.getvalue()).cast("B")
-    return memoryview(buffer.slice(0, sink.tell())).cast("B")
-
-
-class FragmentCache:
-    """Decoded fragments, least recently used first out, bounded in bytes, shared by the
-    threads of a reader: a fragment that several of them ask for at once is decoded once.
-
-    A shuffled reader's windows are generations: each read of a step is wrapped in
-    ``begin(g)`` / ``end(g)`` with its window g. When a read ends, a table is dropped if it
-    was last used before both the latest generation begun and every generation still being
-    read: once the next window is read and no read of the one before is in flight, the one
-    before is done with. (Keeping it until the window after held twice the memory, and the
-    allocator handed its pages back to have the kernel zero them again: ``bench/mixing.py``.)
-    A reader whose windows of steps do not line up with its sources' windows keeps one
-    generation more (``end(g, keep=1)``): a source window then spans two of its windows."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._generation = 0
-        self._active: dict[int, int] = {}
-        self._used: dict[tuple[str, str], int] = {}
-        self._tables: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
-        self._loading: dict[tuple[str, str], Future[pa.Table]] = {}
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.decoded = 0
-        """Fragments decoded through the cache (misses)."""
-
-    def fetch(self, key: tuple[str, str], load: Callable[[], pa.Table]) -> pa.Table:
-        """The table cached under ``key``, else ``load()``'s (once, whoever asks)."""
-        with self._lock:
-            table = self._tables.get(key)
-            if table is not None:
-                self._tables.move_to_end(key)
-                self._used[key] = self._generation
-                return table
-            pending = self._loading.get(key)
-            if pending is None:
-                pending = self._loading[key] = Future()
-                mine = True
-            else:
-                mine = False
-        if not mine:
-            return pending.result()
-        try:
-            table = load()
-        except BaseException as e:
-            with self._lock:
-                del self._loading[key]
-            pending.set_exception(e)
-            raise
-        with self._lock:
-            del self._loading[key]
-            self.decoded += 1
-            self._tables[key] = table
-            self._used[key] = self._generation
-            self._bytes += table.nbytes
-            while self._bytes > self.max_bytes and len(self._tables) > 1:
-                gone, old = self._tables.popitem(last=False)
-                del self._used[gone]
-                self._bytes -= old.nbytes
-        pending.set_result(table)
-        return table
-
-    def begin(self, generation: int) -> None:
-        """A read of a step of ``generation`` starts (entering it, if later)."""
-        with self._lock:
-            self._active[generation] = self._active.get(generation, 0) + 1
-            self._generation = max(self._generation, generation)
-            # Keep the generation before: its last reads may not have begun yet (a pool's
-            # threads start the steps handed to them in any order).
-            self._drop_before(min([self._generation - 1, *self._active]))
-
-    def end(self, generation: int, keep: int = 0) -> None:
-        """That read is over: drops what only reads of generations before both every one
-        still being read and the ``keep`` before the latest begun used (``keep=1`` where a
-        later step may still need what an earlier generation's read used: a shuffled
-        source whose windows do not start where the reader's windows of steps do)."""
-        with self._lock:
-            left = self._active.pop(generation) - 1
-            if left:
-                self._active[generation] = left
-            self._drop_before(min([self._generation - keep, *self._active]))
-
-    def _drop_before(self, generation: int) -> None:
-        for key in [k for k, g in self._used.items() if g < generation]:
-            del self._used[key]
-            self._bytes -= self._tables.pop(key).nbytes
-
 
 MAX_DECODED_BYTES_PER_ROW = 256 << 20
 """What a fragment may decode to, per row it holds, by the bound its footer gives: four times
@@ -268,7 +83,7 @@ class FragmentReader:
                 schema than the stream's, or would decode to more than its rows may.
         """
         try:
-            if 0 <= crc32 and size <= WHOLE_FILE_BYTES:
+            if 0 <= crc32 and read_whole(size):
                 data = self.store.get(path, max_bytes=max(size, 1))
                 found = zlib_ng.crc32(data)
                 if len(data) != size or found != crc32:

@@ -10,9 +10,9 @@ from typing import Any
 import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
+from lakestream.log.fragments import key_writer
 from lakestream.log.replay import Marker, ReplayState
 from lakestream.log.segments import Fragment
-from lakestream.read.fragments import key_writer
 
 POLICY_COLUMNS = ("policy_version", "policy_version_min", "policy_version_max")
 """The columns a sample's policy version is read from, those of them the stream has."""

@@ -23,7 +23,7 @@ from lakestream.plan.balance import balance_groups, equal_count
 from lakestream.plan.choose import FRESH, Choice, choose, kept
 from lakestream.plan.mix import runs
 from lakestream.plan.slices import check_world
-from lakestream.read.fragments import FragmentCache
+from lakestream.read.cache import FragmentCache
 from lakestream.stream import Stream
 
 Accept = Callable[[pa.Table], bool]

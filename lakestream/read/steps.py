@@ -10,7 +10,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from lakestream.plan.mix import MixPlan, SourcePlan, source_key
-from lakestream.read.fragments import FragmentCache
+from lakestream.read.cache import FragmentCache
 from lakestream.stream import Stream
 
 

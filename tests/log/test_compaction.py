@@ -201,7 +201,7 @@ def test_poll_catches_up_as_fast_as_refresh(tmp_path) -> None:
 
 
 def test_gc_with_a_short_grace_keeps_what_a_live_producer_has_yet_to_commit(tmp_path) -> None:
-    from lakestream.read.fragments import fragment_key
+    from lakestream.log.fragments import fragment_key
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
     p = Producer(s.uri, "slow")

@@ -1,5 +1,6 @@
-"""Fragment encoding: every byte a reader takes is checked, by the whole-file CRC-32 the
-commit records or, for fragments read by row group, by Parquet's page checksums."""
+"""Reading fragments: every byte a reader takes is checked, by the whole-file CRC-32 the
+commit records or, for fragments read by row group, by Parquet's page checksums; the cache
+shared by a reader's threads decodes each fragment once."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import lakestream
-import lakestream.read.fragments as fragment
+import lakestream.log.fragments as fragment
 from lakestream.errors import CorruptLogError
-from lakestream.read.fragments import FragmentReader, encode_fragment
+from lakestream.log.fragments import encode_fragment
+from lakestream.read.fragments import FragmentReader
 from lakestream.store.local import LocalStore
 
 
@@ -66,7 +68,7 @@ def test_the_fragment_cache_decodes_once_and_drops_a_window_once_nobody_reads_it
 
     import pyarrow as pa
 
-    from lakestream.read.fragments import FragmentCache
+    from lakestream.read.cache import FragmentCache
 
     cache = FragmentCache(max_bytes=1 << 30)
     loads: list[str] = []
@@ -137,52 +139,3 @@ def test_a_shuffled_mix_decodes_each_fragment_once_an_epoch_when_windows_straddl
             seen += mix.read(step, 0, 1).column("id").to_pylist()
         assert len(decoded[-1]) == len(set(decoded[-1])), f"epoch {epoch}: {decoded[-1]}"
     assert sorted(seen) == sorted(list(range(40)) * 3)
-
-
-def test_a_fragment_is_encoded_once_into_room_sized_from_its_table(monkeypatch) -> None:
-    """The encoder writes into one buffer sized from the table; a file that outgrows it (here
-    a small table given no room past an eighth over its size, where the footer alone is
-    larger) is encoded again into one that grows, and comes out the same."""
-    calls: list[int] = []
-    real = pq.write_table
-
-    def counted(*args, **kwargs) -> None:
-        calls.append(1)
-        real(*args, **kwargs)
-
-    monkeypatch.setattr(fragment.pq, "write_table", counted)
-    table = _table(64, 256)
-    body = bytes(encode_fragment(table, 4, compression="none"))
-    assert len(calls) == 1 and pq.read_table(pa.BufferReader(body)).equals(table)
-    monkeypatch.setattr(fragment, "ENCODE_SLACK_BYTES", 0)
-    monkeypatch.setattr(fragment, "COLUMN_SLACK_BYTES", 0)
-    small = _table(4, 2)
-    calls.clear()
-    tight = bytes(encode_fragment(small, 4, compression="none"))
-    assert len(calls) == 2 and len(tight) > small.nbytes * 2
-    assert pq.read_table(pa.BufferReader(tight)).equals(small)
-
-
-def test_the_checksums_recorded_are_zlib_crc32(tmp_path) -> None:
-    """A fragment's checksum in its add action, and the entry's own, are CRC-32 as zlib
-    computes it: what streams written before carry, and what any other reader recomputes."""
-    import json
-
-    from lakestream.producers import Producer
-    from tests.helpers import SCHEMA, rows
-
-    uri = str(tmp_path / "s")
-    lakestream.create(uri, SCHEMA, global_batch_size=4)
-    with Producer(uri, "w") as p:
-        p.write(rows(0, 4))
-    entry = (tmp_path / "s" / "_delta_log" / f"{2:020d}.json").read_bytes()
-    lines = [json.loads(line) for line in entry.splitlines()]
-    add = next(a["add"] for a in lines if "add" in a)
-    body = (tmp_path / "s" / add["path"]).read_bytes()
-    assert add["tags"]["lakestream.crc32"] == str(zlib.crc32(body))
-    stored = lines[0]["commitInfo"]["lakestream"]["crc32"]
-    compact = [lines[0] | {"commitInfo": lines[0]["commitInfo"] | {"lakestream": {
-        k: v for k, v in lines[0]["commitInfo"]["lakestream"].items() if k != "crc32"}}},
-        *lines[1:]]
-    assert stored == zlib.crc32("\n".join(json.dumps(a, separators=(",", ":"))
-                                          for a in compact).encode())
