@@ -35,7 +35,7 @@ from lakestream.log.entries import (
     check_producer_id,
     check_state,
 )
-from lakestream.schema.conform import delta_table_features
+from lakestream.schema.delta import delta_table_features
 from lakestream.store.parse import MAX_INT, count
 
 

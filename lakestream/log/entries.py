@@ -13,11 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from lakestream.errors import CorruptLogError
-from lakestream.schema.conform import (
-    decode_schema,
-    delta_schema_string,
-    encode_schema,
-)
+from lakestream.schema.delta import decode_schema, delta_schema_string, encode_schema
 from lakestream.store.base import check_key
 from lakestream.store.parse import count
 

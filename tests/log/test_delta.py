@@ -29,7 +29,8 @@ from lakestream.log.entries import (
     log_key,
     log_version,
 )
-from lakestream.schema.conform import delta_table_features, validate_schema
+from lakestream.schema.conform import validate_schema
+from lakestream.schema.delta import delta_table_features
 
 UTC = dt.timezone.utc
 NTZ = ["timestampNtz"]
