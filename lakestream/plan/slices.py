@@ -1,27 +1,7 @@
-"""Planning which rows a rank reads: pure functions of the step, the batch and the world."""
+"""The rank slice: which share of a step each rank of a world reads, and which worlds may split
+a step. Pure functions of the step, the batch and the world."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
-
-
-class _Extent(Protocol):
-    @property
-    def offset(self) -> int: ...
-
-    @property
-    def rows(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class RowRange:
-    """Rows ``[start, stop)`` of fragment ``index`` in the list planned over."""
-
-    index: int
-    start: int
-    stop: int
 
 
 def check_world(global_batch_size: int, group_size: int, world_size: int) -> int:
@@ -55,29 +35,3 @@ def slice_offsets(step: int, global_batch_size: int, rank: int, world_size: int)
     per_rank = global_batch_size // world_size
     lo = step * global_batch_size + rank * per_rank
     return range(lo, lo + per_rank)
-
-
-def plan_rows(fragments: Sequence[_Extent], lo: int, hi: int) -> list[RowRange]:
-    """The fragment row ranges that cover offsets ``[lo, hi)``, in order.
-
-    ``fragments`` are contiguous and sorted by offset, and must cover ``[lo, hi)``.
-
-    Raises:
-        ValueError: they do not cover it.
-    """
-    out: list[RowRange] = []
-    at = lo
-    for i, f in enumerate(fragments):
-        end = f.offset + f.rows
-        if end <= at or f.offset >= hi:
-            continue
-        if f.offset > at:
-            break
-        stop = min(hi, end)
-        out.append(RowRange(i, at - f.offset, stop - f.offset))
-        at = stop
-        if at >= hi:
-            return out
-    if at < hi:
-        raise ValueError(f"offsets [{at}, {hi}) are not covered by the fragments given")
-    return out

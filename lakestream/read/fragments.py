@@ -15,7 +15,7 @@ from zlib_ng import zlib_ng
 from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.log.fragments import read_whole
 from lakestream.log.segments import Fragment
-from lakestream.plan.slices import plan_rows
+from lakestream.plan.rows import plan_rows
 from lakestream.read.cache import FragmentCache
 from lakestream.store.base import ObjectStore
 
