@@ -5,243 +5,40 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import os
-import re
-import signal
 import sys
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
-
-import pyarrow as pa
 
 from lakestream import __version__
 from lakestream.errors import LakestreamError
 from lakestream.log.entries import check_group
-from lakestream.log.progress import delete_progress, progress_exists, read_progress
-from lakestream.ops.status import (
-    groups,
+from lakestream.log.progress import delete_progress, progress_exists
+from lakestream.ops.args import (
+    parse_duration,
+    parse_group,
+    parse_interval,
+    parse_option,
+    parse_schema,
+)
+from lakestream.ops.status import groups, removal_effect, status
+from lakestream.ops.tail import tail
+from lakestream.ops.text import (
     human_bytes,
+    lineage_text,
     plural,
     print_groups,
     print_status,
     printable,
-    removal_effect,
-    status,
 )
 from lakestream.ops.verify import verify
-from lakestream.read.lineage import SampleLineage, StepLineage
 from lakestream.store import open_store
-from lakestream.store.s3_options import is_secret, setting
 from lakestream.stream import Stream
-
-_SCALARS = {
-    "bool": pa.bool_(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(),
-    "int64": pa.int64(), "float32": pa.float32(), "float": pa.float32(),
-    "float64": pa.float64(), "double": pa.float64(), "string": pa.string(),
-    "binary": pa.binary(),
-}
-
-
-def parse_type(text: str) -> pa.DataType:
-    """``int64``, ``float32``, ``string``, ``list<int32>``, ... as an Arrow type.
-
-    Raises:
-        ValueError: the type is not one of those.
-    """
-    text = text.strip()
-    m = re.fullmatch(r"list<(.+)>", text)
-    if m:
-        return pa.list_(parse_type(m.group(1)))
-    if text in _SCALARS:
-        return _SCALARS[text]
-    raise ValueError(f"unknown column type {text!r}; use one of {sorted(_SCALARS)} or list<T>")
-
-
-def parse_schema(text: str) -> pa.Schema:
-    """``name:type,name:type!`` (``!`` = not nullable) as an Arrow schema.
-
-    Raises:
-        ValueError: a column is not ``name:type``.
-    """
-    fields = []
-    for part in re.split(r",(?![^<]*>)", text):
-        name, sep, typ = part.partition(":")
-        if not sep or not name.strip():
-            raise ValueError(f"column {part!r} is not name:type")
-        nullable = not typ.strip().endswith("!")
-        fields.append(pa.field(name.strip(), parse_type(typ.strip().rstrip("!")), nullable))
-    return pa.schema(fields)
-
-
-def parse_duration(text: str) -> float:
-    """``90`` (seconds), ``30s``, ``10m``, ``1h``, ``2d`` as seconds.
-
-    Raises:
-        argparse.ArgumentTypeError: not a duration.
-    """
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(
-            f"not a duration: {text!r} (seconds, or e.g. 30s, 10m, 1h, 2d)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-
-
-def parse_interval(text: str) -> float:
-    """A positive duration (``parse_duration``) as seconds.
-
-    Raises:
-        argparse.ArgumentTypeError: not a positive duration.
-    """
-    try:
-        value = parse_duration(text)
-    except argparse.ArgumentTypeError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(
-            f"not a positive number of seconds: {text!r} (seconds, or e.g. 0.5, 2s, 1m)")
-    return value
-
-
-def parse_option(text: str) -> tuple[str, str]:
-    """``KEY=VALUE`` (a storage option) as a pair. A secret (``AWS_SECRET_ACCESS_KEY``,
-    ``AWS_SESSION_TOKEN``) is refused: on a command line every user of the machine sees it
-    in the process list, and the shell keeps it in its history. No message shows a value.
-
-    Raises:
-        argparse.ArgumentTypeError: there is no ``=`` or no key, or the key is a secret's.
-    """
-    key, sep, value = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        shown = re.sub(r"[^A-Za-z0-9_.-].*", "...", text, flags=re.DOTALL)  # never a value
-        raise argparse.ArgumentTypeError(
-            f"storage option {shown!r} is not KEY=VALUE (e.g. -o AWS_ENDPOINT_URL=http://...)")
-    if is_secret(key):
-        variable = "AWS_" + setting(key).upper()
-        raise argparse.ArgumentTypeError(
-            f"{printable(key)} is not taken on the command line, where every user of the "
-            f"machine sees it in the process list and the shell keeps it in its history: "
-            f"export {variable} in the environment instead, or name a profile of "
-            "~/.aws/credentials with AWS_PROFILE (docs/deployment.md, Credentials)")
-    return key, value
-
-
-def parse_group(text: str) -> str:
-    """A consumer group's name (``lakestream.log.check_group``).
-
-    Raises:
-        argparse.ArgumentTypeError: not a valid group name.
-    """
-    try:
-        return check_group(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(printable(e)) from None
 
 
 def _options(args: argparse.Namespace) -> dict[str, str] | None:
     return dict(args.option) if args.option else None
-
-
-def tail(stream: Stream, interval: float, count: int, group: str, as_json: bool) -> None:
-    """Prints a line every ``interval`` seconds: version, steps, rates, producers, lag.
-
-    Ctrl-C (SIGINT) ends it between lines, as ``KeyboardInterrupt``: raised anywhere else, in
-    the middle of a read with the shared thread pool, it could leave the pool's lock taken
-    and the process hung at exit.
-
-    Raises:
-        ValueError: ``group`` is not a valid group name.
-    """
-    check_group(group)
-    interrupted = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-    else:  # signals reach the main thread only; nothing to take over
-        previous = None
-    try:
-        _tail(stream, interval, count, group, as_json, interrupted)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-
-
-def _tail(stream: Stream, interval: float, count: int, group: str, as_json: bool,
-          interrupted: threading.Event) -> None:
-    last_t, last_samples, n = time.monotonic(), stream.num_samples, 0
-    while count <= 0 or n < count:
-        if interrupted.wait(interval if n else 0):
-            raise KeyboardInterrupt
-        stream.refresh()
-        now = time.monotonic()
-        rate = (stream.num_samples - last_samples) / max(now - last_t, 1e-9)
-        last_t, last_samples, n = now, stream.num_samples, n + 1
-        progress = read_progress(stream.store, group)
-        lag = None if progress is None else stream.num_steps - progress.step
-        if as_json:
-            print(json.dumps({"time": time.time(), "version": stream.version,
-                              "steps": stream.num_steps, "samples": stream.num_samples,
-                              "samples_per_s": rate, "group": group, "lag_steps": lag,
-                              "producers": {p: {"epoch": e, "seq": q} for p, (e, q, _)
-                                            in sorted(stream.producers.items())}}),
-                  flush=True)
-            continue
-        producers = " ".join(f"{printable(p)}:{e}/{q}"
-                             for p, (e, q, _) in sorted(stream.producers.items()))
-        print(f"{time.strftime('%H:%M:%S')} version {stream.version} steps {stream.num_steps} "
-              f"samples {stream.num_samples} ({rate:.0f}/s) {group} lag "
-              f"{'-' if lag is None else lag} | {producers}", flush=True)
-
-
-def _policy(samples: list[SampleLineage]) -> str:
-    """The policy versions of ``samples``: one value, ``low..high``, or ``-`` if none."""
-    values = [v for x in samples for v in (x.policy_version, x.policy_version_min,
-                                           x.policy_version_max) if v is not None]
-    if not values:
-        return "-"
-    try:
-        low, high = min(values), max(values)
-    except TypeError:  # values without an order (structs): list the distinct ones
-        return ",".join(sorted({printable(v) for v in values}))
-    return printable(low) if low == high else f"{printable(low)}..{printable(high)}"
-
-
-def lineage_text(lin: StepLineage) -> str:
-    """``lakestream lineage``'s table: a line per run of samples from one fragment, then the
-    markers that replay the step. What the log holds (paths, producers, policy versions,
-    groups, checkpoint ids) is escaped (``printable``)."""
-    lo, hi = lin.offsets
-    lines = [f"step {lin.step} of {printable(lin.uri)}: offsets [{lo}, {hi}), as of version "
-             f"{lin.version}"]
-    if lin.reclaimed:
-        lines.append("reclaimed by retention: its samples are gone and no marker replays it")
-        return "\n".join(lines)
-    lines.append(f"  {'offsets':<17} {'samples':>7}  {'producer':<16} {'epoch':>5} {'seq':>6} "
-                 f"{'version':>7}  {'policy':<9} fragment")
-    for path, run in itertools.groupby(lin.samples, key=lambda x: x.path):
-        xs = list(run)
-        x = xs[0]
-        span = f"[{x.offset}, {xs[-1].offset + 1})"
-        producer = "(append)" if x.producer is None and x.epoch is not None else \
-            printable(x.producer or "?")
-        lines.append(f"  {span:<17} {len(xs):>7}  {producer:<16} {_dash(x.epoch):>5} "
-                     f"{_dash(x.seq):>6} {x.version:>7}  {_policy(xs):<9} {printable(path)}")
-    if lin.markers:
-        lines.append(f"markers that replay it (resume at or before step {lin.step}):")
-        lines += [f"  {printable(m.group):<16} step {m.step:<8} checkpoint "
-                  f"{printable(m.checkpoint_id or '-')} (version {m.version})"
-                  for m in lin.markers]
-    else:
-        lines.append(f"no checkpoint marker at or before step {lin.step}: no group can resume "
-                     "from one and replay it")
-    return "\n".join(lines)
-
-
-def _dash(value: object) -> str:
-    return "-" if value is None else str(value)
 
 
 DESCRIPTION = """The lakestream command: create a stream, show its state and its consumer

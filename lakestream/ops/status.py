@@ -1,6 +1,6 @@
 """What ``lakestream status`` and ``lakestream group`` show: the stream, and every consumer
-group with its markers, registration, progress, lag and the data it holds; and how the
-commands write for a person (escaped names, sizes in KiB/MiB, plurals)."""
+group with its markers, registration, progress, lag and the data it holds (as dicts;
+``lakestream.ops.text`` writes them for a person)."""
 
 from __future__ import annotations
 
@@ -123,80 +123,3 @@ def removal_effect(stream: Stream, group: str, keep_last: int = 2) -> dict[str, 
             "retention_step_after": max(after.step, reclaimed),
             "released_fragments": len(gained),
             "released_bytes": sum(f.size for f in after.fragments if f.path in gained)}
-
-
-def print_status(info: dict[str, Any]) -> None:
-    """Prints ``status(...)`` for a person: names from the store escaped, sizes in units."""
-    print(f"stream      {printable(info['uri'])}")
-    print(f"version     {info['version']} (snapshot {info['snapshot_version']})")
-    sealed = "" if info["sealed_at"] is None else \
-        f"  sealed at {info['sealed_at']} samples (no more appends)"
-    print(f"samples     {info['num_samples']}  steps {info['num_steps']}  "
-          f"(B={info['global_batch_size']}, G={info['group_size']}){sealed}")
-    reclaimed = "nothing reclaimed" if not info["reclaimed_below_offset"] else \
-        f"reclaimed below step {info['reclaimed_below_step']} " \
-        f"(offset {info['reclaimed_below_offset']})"
-    print(f"fragments   {info['fragments']}  {reclaimed}")
-    r = info["retention"]
-    if r["reclaimable_fragments"] or r["below_offset"] > info["reclaimed_below_offset"]:
-        what = f"reclaimable below step {r['step']}, " \
-            f"{plural(r['reclaimable_fragments'], 'fragment')}, " \
-            f"{human_bytes(r['reclaimable_bytes'])}"
-    else:
-        what = f"nothing more to reclaim (below step {r['step']})"
-    print(f"retention   keep_last={r['keep_last']}: {what}")
-    print(f"unreferenced {plural(info['unreferenced_files'], 'file')}, "
-          f"{human_bytes(info['unreferenced_bytes'])} "
-          "(uploads never committed, or reclaimed, awaiting gc)")
-    print(f"producers   {len(info['producers'])}")
-    for p, st in info["producers"].items():
-        print(f"  {printable(p):<24} epoch {st['epoch']:<4} seq {st['seq']:<8} "
-              f"state {printable(st['state'])}")
-    print(f"groups      {len(info['groups'])}")
-    print_groups(info["groups"], indent="  ")
-
-
-def print_groups(info: dict[str, dict[str, Any]], indent: str = "") -> None:
-    """Prints ``groups(...)`` for a person, a line per group."""
-    for g, x in info.items():
-        steps = ", ".join(str(m["step"]) + (" (reclaimed)" if m.get("reclaimed") else "")
-                          for m in x["markers"][-5:]) or "-"
-        progress = x["progress"]
-        at = "-" if progress is None else \
-            f"step {progress['step']} (job {printable(progress['job'])})"
-        lag = "-" if x["lag_steps"] is None else plural(x["lag_steps"], "step") + (
-            "" if x["lag_seconds"] is None else f", {x['lag_seconds']:.0f} s")
-        holds = "holds nothing" if x["holds_from_step"] is None else \
-            f"holds from step {x['holds_from_step']}"
-        registered = "" if x["registered_step"] is None else \
-            f", registered at step {x['registered_step']}"
-        print(f"{indent}{printable(g):<24} {plural(len(x['markers']), 'marker')} "
-              f"(last resume steps {steps}){registered}; progress {at}; lag {lag}; {holds}")
-
-
-def printable(value: object) -> str:
-    """``str(value)`` with each character a terminal would act on (ESC, other controls,
-    bidirectional overrides: whatever ``str.isprintable`` refuses) written as its Python
-    escape (``\\x1b``), so that names and states from the store cannot drive the
-    operator's terminal."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def human_bytes(n: int) -> str:
-    """``n`` bytes for a person: ``512 B``, ``1.2 MiB`` (JSON output keeps the exact count)."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024 or unit == "PiB":
-            break
-    return f"{value:.1f} {unit}"
-
-
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """``1 marker``, ``2 markers`` (``words``: an irregular plural)."""
-    return f"{n} {word if n == 1 else words or word + 's'}"

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 import lakestream
-from lakestream.ops.cli import main, parse_schema
+from lakestream.ops.args import parse_schema
+from lakestream.ops.cli import main
 from tests.helpers import SCHEMA, rows
 
 

@@ -13,7 +13,7 @@ import pytest
 import lakestream
 from lakestream.errors import ProducerFencedError, SchemaMismatchError
 from lakestream.log.progress import progress_key, publish_progress
-from lakestream.ops.cli import status
+from lakestream.ops.status import status
 from lakestream.producers import Producer, ProducerOptions
 from tests.helpers import SCHEMA, delta_ids, ids, rows
 
