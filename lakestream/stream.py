@@ -1,66 +1,35 @@
-"""The Stream handle: create, open, append, read steps, mark checkpoints."""
+"""The Stream handle: create, open, append, read steps, mark checkpoints. A façade: each call
+is made by a piece of the log wing (``lakestream.log``: the view, the commits, retention, gc)
+or of the read side (``lakestream.read.offsets``)."""
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from zlib_ng import zlib_ng
 
-from lakestream.errors import (
-    AlreadyExistsError,
-    LakestreamError,
-    LogCompactedError,
-    StepNotAvailableError,
-    StoreError,
-)
-from lakestream.head import shared_head
-from lakestream.log.codec import encode_entry
-from lakestream.log.entries import (
-    REOPEN_IDLE_S,
-    Append,
-    Checkpoint,
-    Create,
-    Entry,
-    FragmentRef,
-    Register,
-    RemoveGroup,
-    Seal,
-    StreamMeta,
-    check_group,
-    log_key,
-)
-from lakestream.log.fragments import ANONYMOUS, encode_fragment, fragment_key, put_fragment
-from lakestream.log.gc import GcReport, collect, store_now
-from lakestream.log.opening import load_state, replay_log
-from lakestream.log.replay import Marker, ReplayState, refuse_if_sealed
+from lakestream.log import commits
+from lakestream.log.entries import StreamMeta
+from lakestream.log.gc import GcReport, gc_stream
+from lakestream.log.opening import create_log, load_state
+from lakestream.log.replay import Marker, ReplayState
 from lakestream.log.retention import RetentionPoint, group_holds, reclaim_entry, retention_point
-from lakestream.log.segments import Fragment, SegmentError
-from lakestream.log.snapshot import rebase, write_snapshot
-from lakestream.log.tail import ReadEntry, catch_up, entry_or_none
 from lakestream.log.transaction import (
     DEFAULT_POST_COMMIT,
     Build,
     CommitOptions,
     CommitResult,
-    Landed,
     Outcome,
     PostCommit,
-    Transaction,
     unwrap,
 )
-from lakestream.plan.slices import check_world, slice_offsets
+from lakestream.log.view import LogView
 from lakestream.read.cache import FragmentCache
-from lakestream.read.fragments import FragmentReader, read_spans
-from lakestream.read.lineage import StepLineage, step_lineage
-from lakestream.schema.conform import conform, validate_schema
+from lakestream.read.lineage import StepLineage
+from lakestream.read.offsets import OffsetReader
+from lakestream.schema.conform import validate_schema
 from lakestream.store import ObjectStore, open_store
-
-log = logging.getLogger("lakestream")
 
 
 class Stream:
@@ -72,7 +41,7 @@ class Stream:
 
     The handle's view is an immutable replay state that refreshes and commits replace,
     newest version wins, under a lock held only for the swap: no call on a handle waits
-    behind another's I/O, backoff or sleep.
+    behind another's I/O, backoff or sleep (``lakestream.log.view``).
     """
 
     def __init__(self, uri: str, store: ObjectStore, state: ReplayState, *,
@@ -80,15 +49,8 @@ class Stream:
         self.uri = uri
         self.store = store
         self.storage_options = storage_options
-        self._state = state
-        self._rebase_at = (state.version // state.stream_meta.snapshot_interval + 1) * \
-            state.stream_meta.snapshot_interval
-        self._damaged_index = False
-        self._lock = threading.Lock()
-        self._reader = FragmentReader(store, schema=state.stream_meta.schema)
-        self._confirmed = time.monotonic()
-        """When a read last found the log's head (monotonic): a view not confirmed for
-        ``REOPEN_IDLE_S`` is reopened before it is used again (docs/design.md §7)."""
+        self._view = LogView(uri, store, state)
+        self._reader = OffsetReader(self._view)
 
     # -- opening -----------------------------------------------------------------------
 
@@ -105,22 +67,7 @@ class Stream:
         meta = StreamMeta(validate_schema(schema), global_batch_size, group_size,
                           snapshot_interval)
         store = open_store(uri, storage_options)
-        entry = Create(meta)
-        try:
-            store.put(log_key(0), encode_entry(entry), mode="create")
-        except (AlreadyExistsError, StoreError) as e:
-            # A lost reply, or a retried PUT meeting its own object: read what is there.
-            existing = entry_or_none(store, 0)
-            if existing is None or existing.commit_id != entry.commit_id:
-                if isinstance(e, StoreError):
-                    raise
-                raise AlreadyExistsError(
-                    f"a stream already exists at {uri}; open it with lakestream.open"
-                ) from None
-        state = ReplayState()
-        state.apply(0, entry)
-        write_snapshot(store, state)
-        return cls(uri, store, state, storage_options=storage_options)
+        return cls(uri, store, create_log(store, uri, meta), storage_options=storage_options)
 
     @classmethod
     def open(cls, uri: str, *, storage_options: dict[str, str] | None = None) -> Stream:
@@ -138,35 +85,15 @@ class Stream:
         store = open_store(uri, storage_options)
         return cls(uri, store, load_state(store, uri), storage_options=storage_options)
 
-    def _publish(self, state: ReplayState, *, replace: bool = False) -> None:
-        """Makes ``state`` (private to the caller until now) the view, unless a newer one
-        is (or, with ``replace``, one as new). First, once per snapshot interval, swaps what
-        it holds in memory for the newest snapshot's segments, so memory does not grow with
-        what others commit."""
-        interval = state.stream_meta.snapshot_interval
-        if state.version >= self._rebase_at and not self._damaged_index:
-            try:
-                done = rebase(self.store, state)
-            except StoreError:
-                done = False  # only memory and stale names: try again soon
-            # The manifest may not be written yet (its writer is racing this handle): try
-            # again a tenth of an interval on, and after a success, at the next snapshot.
-            self._rebase_at = (state.version // interval + 1) * interval if done else \
-                state.version + max(1, interval // 10)
-        with self._lock:
-            if state.version > self._state.version or \
-                    replace and state.version == self._state.version:
-                self._state = state
-
     def refresh(self) -> int:
         """Reads entries committed since the last look; returns the version now seen.
 
         At the head this is one request that finds nothing, and the view is not copied.
-        Behind it, entries are read in parallel rounds (``lakestream.tail``). A view older
-        than the retained log (gc compacted what follows it) is reopened from the newest
-        snapshot.
+        Behind it, entries are read in parallel rounds (``lakestream.log.tail``). A view
+        older than the retained log (gc compacted what follows it) is reopened from the
+        newest snapshot.
         """
-        return self._catch_up(None)
+        return self._view.refresh()
 
     def poll(self) -> int:
         """``refresh`` for readers waiting at the head: entries come through this process's
@@ -175,64 +102,30 @@ class Stream:
         head the same parallel rounds as ``refresh``. Returns the version now seen.
         Committers refresh instead: they must see every rival at once.
         """
-        head = shared_head(self.store, self._state.stream_meta.created_ms)
-        return self._catch_up(head.reader(self.store))
-
-    def _catch_up(self, read: ReadEntry | None) -> int:
-        """The one catch-up of the handle's view: ``read`` reads a version (None: a GET)."""
-        seen = self._state
-        if time.monotonic() - self._confirmed > REOPEN_IDLE_S:
-            return self._reopen(None)
-        t0 = time.monotonic()
-        try:
-            entry = entry_or_none(self.store, seen.version + 1) if read is None \
-                else read(seen.version + 1)
-            if entry is None:
-                self._confirmed = max(self._confirmed, t0)
-                return seen.version
-            state = seen.copy()
-            state.apply(seen.version + 1, entry)
-            t = catch_up(self.store, state, read)
-        except LogCompactedError as e:
-            return self._reopen(e)
-        self._publish(state)
-        self._confirmed = max(self._confirmed, t)
-        return self._state.version
-
-    def _reopen(self, compacted: LogCompactedError | None) -> int:
-        """Replaces a view that may be older than the retained log by the stream opened from
-        its newest snapshot (``compacted``: the tombstone met says which, at least)."""
-        t0 = time.monotonic()
-        if compacted is not None:
-            log.info("%s; reopening %s", compacted, self.uri)
-        state = load_state(self.store, self.uri,
-                           start=None if compacted is None else compacted.snapshot)
-        self._publish(state)
-        self._confirmed = max(self._confirmed, t0)
-        return self._state.version
+        return self._view.poll()
 
     # -- what the stream holds -----------------------------------------------------------
 
     @property
     def state(self) -> ReplayState:
         """The replay state seen now. Never modified once published: copy it to experiment."""
-        return self._state
+        return self._view.state
 
     @property
     def meta(self) -> StreamMeta:
-        return self._state.stream_meta
+        return self.state.stream_meta
 
     @property
     def version(self) -> int:
-        return self._state.version
+        return self.state.version
 
     @property
     def num_samples(self) -> int:
-        return self._state.next_offset
+        return self.state.next_offset
 
     @property
     def num_steps(self) -> int:
-        return self._state.num_steps
+        return self.state.num_steps
 
     @property
     def schema(self) -> pa.Schema:
@@ -249,11 +142,26 @@ class Stream:
     @property
     def producers(self) -> dict[str, tuple[int, int, Any]]:
         """``{producer_id: (epoch, seq, state)}``: the last committed seq and user state."""
-        return {k: (p.epoch, p.seq, p.state) for k, p in self._state.producers.items()}
+        return {k: (p.epoch, p.seq, p.state) for k, p in self.state.producers.items()}
 
     def checkpoints(self, group: str) -> list[Marker]:
         """The checkpoint markers of ``group``, oldest first."""
-        return list(self._state.markers.get(group, []))
+        return list(self.state.markers.get(group, []))
+
+    @property
+    def groups(self) -> list[str]:
+        """The consumer groups the log knows (with markers, or registered), sorted."""
+        return self.state.groups
+
+    def registered_step(self, group: str) -> int | None:
+        """The step ``group`` registered at, or None if it never registered."""
+        return self.state.registered.get(group)
+
+    @property
+    def sealed_at(self) -> int | None:
+        """The stream's size in samples when it was sealed, or None if it is not (as of
+        this handle's last refresh)."""
+        return self.state.sealed_at
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -267,15 +175,7 @@ class Stream:
             Only what is not an outcome (a bug in ``build``, KeyboardInterrupt): the entry
             may or may not have landed.
         """
-        if time.monotonic() - self._confirmed > REOPEN_IDLE_S:
-            self._reopen(None)
-        t0 = time.monotonic()
-        outcome = Transaction(self.store, self._state, build, options, catch_up=catch_up,
-                              post_commit=post_commit).commit()
-        self._publish(outcome.state)
-        if isinstance(outcome, Landed):
-            self._confirmed = max(self._confirmed, t0)
-        return outcome
+        return self._view.transact(build, options, catch_up=catch_up, post_commit=post_commit)
 
     def commit(self, build: Build, options: CommitOptions | None = None, *,
                catch_up: bool = False) -> CommitResult | None:
@@ -286,6 +186,12 @@ class Stream:
             CommitConflictError or CommitStateUnknownError.
         """
         return unwrap(self.transact(build, options, catch_up=catch_up))
+
+    def _version(self, build: Build) -> int:
+        """Commits an entry ``build`` always makes; returns its version."""
+        result = self.commit(build)
+        assert result is not None
+        return result.version
 
     def append(self, data: Any, *, commit_options: CommitOptions | None = None) -> int:
         """Writes ``data`` as one fragment and commits it; returns the version.
@@ -303,48 +209,7 @@ class Stream:
             CorruptLogError: the log cannot be replayed up to the head (nothing committed).
             StreamSealedError: the stream is sealed (nothing is committed).
         """
-        refuse_if_sealed(self._state, self.uri)
-        table = conform(data, self.schema, where=f"append to {self.uri}")
-        rows, g = table.num_rows, self.group_size
-        if rows == 0 or rows % g:
-            raise ValueError(
-                f"append to {self.uri}: {rows} rows is not a positive multiple of the group "
-                f"size {g}"
-            )
-        key = fragment_key(ANONYMOUS, 0, 0)
-        body = encode_fragment(table, g)
-        crc = zlib_ng.crc32(body)
-        put_fragment(self.store, key, body)
-
-        def build(state: ReplayState, commit_id: str) -> Entry:
-            refuse_if_sealed(state, self.uri)
-            ref = FragmentRef(key, rows, len(body), state.next_offset, 0, crc)
-            return Append(None, 0, (ref,), None, commit_id)
-
-        outcome = self.transact(build, commit_options)
-        if outcome.definite_failure:
-            try:
-                self.store.delete(key)  # a definite failure: nothing can name the file
-            except LakestreamError as e:  # gc removes the orphan; the outcome is the news
-                log.warning("could not delete the uncommitted fragment %s: %s", key, e)
-        result = unwrap(outcome)
-        assert result is not None
-        return result.version
-
-    def _check_group_step(self, group: str, step: int, what: str) -> None:
-        """A valid group name and a step already visible (refreshing once to see it).
-
-        Raises:
-            ValueError: naming what is wrong; ``what`` says where such a step must lie.
-        """
-        check_group(group)
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
-        if step > self.num_steps:
-            self.refresh()
-        if step > self.num_steps:
-            raise ValueError(f"step {step} of group {group!r} is past the {self.num_steps} steps "
-                             f"visible in {self.uri}: {what} a step already readable")
+        return commits.append_table(self._view, data, commit_options)
 
     def mark_checkpoint(self, group: str, step: int, checkpoint_id: str | None = None) -> int:
         """Records that ``group`` has a durable checkpoint resuming at ``step``; returns the
@@ -359,30 +224,8 @@ class Stream:
                 the visible steps.
             StepNotAvailableError: the step's data is already reclaimed (nothing committed).
         """
-        self._check_group_step(group, step, "a checkpoint resumes at")
-        b = self.global_batch_size
-
-        def build(state: ReplayState, commit_id: str) -> Entry:
-            if step * b < state.reclaimed_below:
-                raise StepNotAvailableError(
-                    f"checkpoint step {step} of group {group!r} is below the retention point "
-                    f"of {self.uri} (offset {state.reclaimed_below} at version "
-                    f"{state.version}): its data is reclaimed; checkpoint a later step"
-                )
-            return Checkpoint(group, step, checkpoint_id, commit_id)
-
-        result = self.commit(build)
-        assert result is not None
-        return result.version
-
-    @property
-    def groups(self) -> list[str]:
-        """The consumer groups the log knows (with markers, or registered), sorted."""
-        return self._state.groups
-
-    def registered_step(self, group: str) -> int | None:
-        """The step ``group`` registered at, or None if it never registered."""
-        return self._state.registered.get(group)
+        commits.check_group_step(self._view, group, step, "a checkpoint resumes at")
+        return self._version(commits.checkpoint(self.uri, group, step, checkpoint_id))
 
     def register_group(self, group: str, step: int = 0) -> int | None:
         """Makes ``group`` a consumer group that holds retention from ``step`` until its own
@@ -394,27 +237,9 @@ class Stream:
                 the visible steps (a group registers where it starts reading).
             StepNotAvailableError: ``step``'s data is already reclaimed (nothing committed).
         """
-        self._check_group_step(group, step, "a group registers at")
-        b = self.global_batch_size
-
-        def build(state: ReplayState, commit_id: str) -> Entry | None:
-            if group in state.registered or group in state.markers:
-                return None
-            if step * b < state.reclaimed_below:
-                raise StepNotAvailableError(
-                    f"group {group!r} cannot register at step {step} of {self.uri}: its data "
-                    f"is reclaimed (below offset {state.reclaimed_below}); register a later "
-                    "step")
-            return Register(group, step, commit_id)
-
-        result = self.commit(build)
+        commits.check_group_step(self._view, group, step, "a group registers at")
+        result = self.commit(commits.registration(self.uri, group, step))
         return None if result is None else result.version
-
-    @property
-    def sealed_at(self) -> int | None:
-        """The stream's size in samples when it was sealed, or None if it is not (as of
-        this handle's last refresh)."""
-        return self._state.sealed_at
 
     def seal(self) -> int | None:
         """Commits "no more appends": every later append fails with StreamSealedError and
@@ -425,11 +250,7 @@ class Stream:
         A producer that committed nothing since it last saw the log learns of the seal when
         it commits: its write fails then, and its uploaded files are left to gc.
         """
-
-        def build(state: ReplayState, commit_id: str) -> Entry | None:
-            return None if state.sealed_at is not None else Seal(commit_id)
-
-        result = self.commit(build)
+        result = self.commit(commits.seal)
         return None if result is None else result.version
 
     def remove_group(self, group: str) -> int:
@@ -437,29 +258,20 @@ class Stream:
         ``retain`` may reclaim what only it held). Returns the removal's version.
 
         Raises:
-            ValueError: the log knows no such group (nothing committed).
+            ValueError: ``group`` is not a valid group name, or the log knows no such group
+                (nothing committed).
         """
-        check_group(group)
-
-        def build(state: ReplayState, commit_id: str) -> Entry:
-            if group not in state.registered and group not in state.markers:
-                raise ValueError(f"{self.uri} has no consumer group {group!r}; its groups: "
-                                 f"{state.groups or 'none'}")
-            return RemoveGroup(group, commit_id)
-
-        result = self.commit(build)
-        assert result is not None
-        return result.version
+        return self._version(commits.removal(self.uri, group))
 
     # -- retention ---------------------------------------------------------------------
 
     def retention_point(self, keep_last: int = 2) -> RetentionPoint:
         """What ``retain(keep_last)`` would reclaim now."""
-        return retention_point(self._state, keep_last)
+        return retention_point(self.state, keep_last)
 
     def group_holds(self, keep_last: int = 2) -> dict[str, int]:
         """The step from which each consumer group holds data under ``retain(keep_last)``."""
-        return group_holds(self._state, keep_last)
+        return group_holds(self.state, keep_last)
 
     def retain(self, keep_last: int = 2) -> int | None:
         """Reclaims data no retained checkpoint needs: for every consumer group keep its last
@@ -483,19 +295,8 @@ class Stream:
         so other engines open the table fast and old entries can go; without one the log is
         kept whole. Killing gc at any point leaves a readable stream; run it again.
         """
-        seen_at = store_now(self.store)  # before the state gc works from is read
-        self.refresh()
-        version = self._write_delta_checkpoint() if delta_checkpoint else None
-        return collect(self.store, self._state, grace_seconds, version, seen_at=seen_at)
-
-    def _write_delta_checkpoint(self) -> int | None:
-        try:
-            import deltalake
-        except ImportError:
-            return None
-        table = deltalake.DeltaTable(self.uri, storage_options=self.storage_options)
-        table.create_checkpoint()
-        return int(table.version())
+        return gc_stream(self._view, grace_seconds, delta_checkpoint=delta_checkpoint,
+                         storage_options=self.storage_options)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -510,10 +311,7 @@ class Stream:
             StepNotAvailableError: the step is not committed yet, or was reclaimed.
             ValueError: world_size does not divide B, or splits a group.
         """
-        b = self.global_batch_size
-        check_world(b, self.group_size, world_size)
-        span = slice_offsets(step, b, rank, world_size)
-        return self.read_offsets([(span.start, span.stop)], columns, what=f"step {step}")
+        return self._reader.read_step(step, rank, world_size, columns)
 
     def read_offsets(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None,
                      *, what: str | None = None,
@@ -527,29 +325,12 @@ class Stream:
             StepNotAvailableError: an offset is not committed yet, or was reclaimed.
             ValueError: an unknown column, or an empty or reversed span.
         """
-        if not spans or any(lo >= hi or lo < 0 for lo, hi in spans):
-            raise ValueError(f"spans must be non-empty [lo, hi) ranges, got {list(spans)[:4]}")
-        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
-        what = what or f"offsets [{lo}, {hi})"
-        if hi > self._state.next_offset:
-            self.refresh()
-        try:
-            fragments = self._visible(self._state, what, lo, hi)
-        except SegmentError as e:
-            fragments = self._visible(self._recover(e), what, lo, hi)
-        if columns is not None:
-            unknown = [c for c in columns if c not in self.schema.names]
-            if unknown:
-                raise ValueError(f"unknown columns {unknown}; the stream has {self.schema.names}")
-        parts = read_spans(self._reader, fragments, spans, columns, cache)
-        schema = self.schema if columns is None else pa.schema(
-            [self.schema.field(c) for c in columns])
-        return pa.concat_tables(parts) if parts else schema.empty_table()
+        return self._reader.read(spans, columns, what=what, cache=cache)
 
     def lineage(self, step: int) -> StepLineage:
         """Where each sample of global batch ``step`` came from (producer, epoch, seq,
         fragment, committing version, policy version) and the checkpoint markers, of every
-        consumer group, that replay it; see ``lakestream.lineage``. Reads only the
+        consumer group, that replay it; see ``lakestream.read.lineage``. Reads only the
         ``policy_version``, ``policy_version_min`` and ``policy_version_max`` columns the
         stream has, never whole samples. Samples of ``Stream.append`` have producer None,
         epoch 0 and seq 0. A step not visible yet is looked for once more after a refresh.
@@ -559,42 +340,7 @@ class Stream:
             StepNotAvailableError: the step is not committed yet. A reclaimed step raises
                 nothing: its lineage says ``reclaimed``.
         """
-        if isinstance(step, int) and step >= self.num_steps:
-            self.refresh()
-
-        def read(spans: Sequence[tuple[int, int]], columns: list[str]) -> pa.Table:
-            return self.read_offsets(spans, columns, what=f"step {step}")
-
-        try:
-            return step_lineage(self._state, step, read, uri=self.uri)
-        except SegmentError as e:
-            return step_lineage(self._recover(e), step, read, uri=self.uri)
-
-    def _recover(self, damage: SegmentError) -> ReplayState:
-        """A state without the segment ``damage`` names: reopened from the newest snapshot
-        (the segment may have been superseded, and gc deleted it, while this handle held an
-        older manifest's names), or else replayed from the log alone."""
-        log.warning("%s; reopening %s", damage, self.uri)
-        state = load_state(self.store, self.uri)
-        if any(part.key == damage.key for part in state.index.parts):
-            self._damaged_index = True  # rebasing would name the damaged segment again
-            state = replay_log(self.store, damage)
-        self._publish(state, replace=True)
-        return state
-
-    def _visible(self, s: ReplayState, what: str, lo: int, hi: int) -> list[Fragment]:
-        b = self.global_batch_size
-        if lo < s.reclaimed_below:
-            raise StepNotAvailableError(
-                f"{what} of {self.uri} was reclaimed by retention: data below step "
-                f"{-(-s.reclaimed_below // b)} is gone; resume from a retained checkpoint"
-            )
-        if hi > s.next_offset:
-            raise StepNotAvailableError(
-                f"{what} of {self.uri} is not visible yet: {s.num_steps} steps are "
-                f"committed (version {s.version})"
-            )
-        return s.fragments_between(lo, hi)
+        return self._reader.lineage(step)
 
 
 def create(uri: str, schema: pa.Schema, global_batch_size: int, group_size: int = 1, *,
@@ -609,4 +355,3 @@ def create(uri: str, schema: pa.Schema, global_batch_size: int, group_size: int 
 def open(uri: str, *, storage_options: dict[str, str] | None = None) -> Stream:  # noqa: A001
     """Opens a stream; see ``Stream.open``."""
     return Stream.open(uri, storage_options=storage_options)
-

@@ -19,7 +19,7 @@ from lakestream.loaders.reader import StepReader, Stop
 from lakestream.log.entries import check_group
 from lakestream.plan.mix import resume_position
 from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
-from lakestream.read.steps import Source, Steps, open_mix
+from lakestream.read.steps import Source, Steps, mix_steps
 from lakestream.stream import Stream
 
 STATE_VERSION = 4
@@ -92,7 +92,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     without one: it publishes nothing, registers nothing and holds nothing (an eval or
     analysis job beside training).
 
-    Mixing, shuffling, epochs (``lakestream.mix``): pass a list of ``Source(uri, take,
+    Mixing, shuffling, epochs (``lakestream.plan.mix``): pass a list of ``Source(uri, take,
     cycle)`` instead of one URI and every step takes ``take`` samples from each source, in
     that source's order, so a step holds the sum of the takes; each rank gets its share of
     every source. ``shuffle_window=w`` permutes each window of ``w`` steps' samples of each
@@ -101,7 +101,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     when a sealed source that does not cycle runs out; every rank and every restart reads
     the same samples at the same step.
 
-    Read-time policies (``lakestream.selected``; one stream in log order): with
+    Read-time policies (``lakestream.read.selected``; one stream in log order): with
     ``max_staleness=k``, a group whose oldest policy version (``policy_version_min``, else
     ``policy_version``) is below ``step - k`` is skipped and the step refilled from later
     samples (``on_stale="drop"``), or kept with a per-sample ``stale`` mask
@@ -202,6 +202,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.policy_version: int | None = None
         """Set by the trainer; published with progress so producers can stamp samples."""
         self._mix: Steps | None = None
+        self._streams: list[Stream] | None = None
         self._publisher: ProgressPublisher | None = None
         self._progress: MixProgress | None = None
         self.last_reader: StepReader | None = None
@@ -241,23 +242,25 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         each worker)."""
         if self._mix is None:
             base_step, starts = self._base
+            streams = [Stream.open(s.uri, storage_options=s.storage_options)
+                       for s in self.sources]
             if self.policy.active:
-                source = self.sources[0]
-                self._mix = SelectedSteps(
-                    Stream.open(source.uri, storage_options=source.storage_options),
-                    self.policy, base_step, starts[0])
+                self._mix = SelectedSteps(streams[0], self.policy, base_step, starts[0])
             else:
-                self._mix = open_mix(self.sources, shuffle_window=self.shuffle_window,
-                                     seed=self.seed, epochs=self.epochs,
-                                     base_step=base_step, starts=starts, keyed=self._keyed)
+                self._mix = mix_steps(self.sources, streams, shuffle_window=self.shuffle_window,
+                                      seed=self.seed, epochs=self.epochs,
+                                      base_step=base_step, starts=starts, keyed=self._keyed)
+            self._streams = streams
             if self._progress is not None:
                 self._progress.steps = self._mix
         return self._mix
 
     @property
     def streams(self) -> list[Stream]:
-        """The handles on the sources' streams, in order."""
-        return self.mix.streams
+        """The handles on the sources' streams, in order (opened with ``mix``)."""
+        self.mix  # noqa: B018 - opens them, with the plan over them
+        assert self._streams is not None
+        return self._streams
 
     @property
     def stream(self) -> Stream:
@@ -271,7 +274,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_mix"] = None  # a worker opens its own handles
+        state["_mix"] = state["_streams"] = None  # a worker opens its own handles
         state["_publisher"] = None
         state["_progress"] = None
         state["last_reader"] = None

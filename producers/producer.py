@@ -15,7 +15,7 @@ from zlib_ng import zlib_ng
 from lakestream.errors import LakestreamError
 from lakestream.failpoints import failpoint
 from lakestream.log.entries import Entry, Fence, check_group, check_producer_id, check_state
-from lakestream.log.fragments import encode_fragment, fragment_key, put_fragment
+from lakestream.log.fragments import check_rows, encode_fragment, fragment_key, put_fragment
 from lakestream.log.progress import Progress, read_progress
 from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.producers.committer import Committer, Uploaded
@@ -161,10 +161,8 @@ class Producer:
         self._check()
         refuse_if_sealed(self._stream.state, self.uri)
         table = conform(data, self._stream.schema, where=f"producer {self.producer_id}")
-        rows, g = table.num_rows, self._stream.group_size
-        if rows == 0 or rows % g:
-            raise ValueError(f"producer {self.producer_id}: {rows} rows is not a positive "
-                             f"multiple of the group size {g}")
+        rows = check_rows(table.num_rows, self._stream.group_size,
+                          f"producer {self.producer_id}")
         nbytes = table.nbytes
         if nbytes > self.options.max_fragment_bytes:
             raise ValueError(f"producer {self.producer_id}: a fragment of {nbytes} bytes "

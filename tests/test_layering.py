@@ -1,5 +1,6 @@
-"""Imports point down the layers of docs/design.md; the core and producers never import
-torch; nothing imports the log reader from the snapshot module."""
+"""The wings of docs/design.md §9 and their order: imports point down, between wings and,
+inside the log, plan, read and ops wings, between their modules; the core and producers never
+import torch; nothing imports the log reader from the snapshot module."""
 
 from __future__ import annotations
 
@@ -8,25 +9,51 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Each core module may import only modules of a lower rank.
-RANKS = {
-    "errors": 0, "failpoints": 0, "threads": 0, "casts": 0,
-    "store": 1, "schema": 1, "stored": 1,
-    "log": 2, "plan": 2,
-    "index": 3, "mix": 3, "balance": 3, "progress": 3, "choose": 3,
-    "replay": 4, "fragment": 4,
-    "tail": 5, "inventory": 5, "lineage": 5,
-    "head": 6,
-    "snapshot": 6,
-    "transaction": 7, "retention": 7, "verify": 7,
-    "stream": 8,
-    "status": 9, "steps": 9, "selected": 9,
-    "cli": 10, "__init__": 11,
+
+WINGS = ("errors", "store", "log", "plan", "read", "stream", "ops", "__init__")
+"""The core's wings, lowest first: errors -> store -> log (the commit and its records) ->
+plan (pure planners) -> read (the read side) -> the ``Stream`` façade -> ops (the operator's
+tools) -> the package's face. A module imports its own wing and lower ones, never a higher
+one. ``lakestream.producers`` and ``lakestream.loaders`` stand above the façade."""
+
+PLACED = {"failpoints": "errors", "schema": "store", "head": "log", "tail": "log",
+          "replay": "log"}
+"""What is not a folder of its own, and the wing it belongs to: the crash points beside the
+errors, the schema beside the store; ``head`` (the log head readers share) and the two
+forwarding modules (``tail``, ``replay``) stay at the top level while another change to
+``head.py`` and the producers' committer is under way."""
+
+LAYERS = {
+    "log": (("log.entries", "log.threads"),
+            ("log", "log.codec", "log.segments", "log.fragments", "log.progress"),
+            ("log.index",),
+            ("log.replay",),
+            ("replay", "log.tail", "log.inventory", "log.retention"),
+            ("tail", "log.snapshot"),
+            ("head", "log.opening"),
+            ("log.transaction",),
+            ("log.view",),
+            ("log.commits", "log.gc")),
+    "plan": (("plan", "plan.slices", "plan.rows", "plan.choose", "plan.balance"),
+             ("plan.mix",)),
+    "read": (("read", "read.cache"),
+             ("read.fragments", "read.lineage"),
+             ("read.offsets",),
+             ("read.steps", "read.selected")),
+    "ops": (("ops", "ops.text", "ops.verify"),
+            ("ops.args", "ops.status", "ops.tail"),
+            ("ops.cli",)),
 }
+"""Inside these wings, their modules' layers, lowest first: an import inside a wing points
+down too (records below replay, replay below snapshots, snapshots below the commit...)."""
 
+ALLOWED_UPWARD = {("ops.cli", "demo")}
+"""The CLI's demo verb starts the application built on every layer (imported lazily)."""
 
-# The CLI's demo verb starts the application built on every layer (imported lazily).
-ALLOWED_UPWARD = {("cli", "demo")}
+FORWARDING = {"lakestream.tail": {"lakestream/head.py"},
+              "lakestream.replay": {"producers/committer.py"}}
+"""The old paths kept for modules being changed elsewhere, and the only modules that may
+import them."""
 
 
 def _imports(path: Path) -> set[str]:
@@ -39,31 +66,71 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-def _module(name: str) -> str:
-    return name.split(".")[1] if name.count(".") >= 1 else "__init__"
+def _module(path: Path) -> str:
+    """``log.entries`` for ``lakestream/log/entries.py``, ``log`` for its ``__init__``."""
+    parts = path.relative_to(ROOT / "lakestream").with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
+def _wing(module: str) -> str:
+    top = module.split(".")[0]
+    return PLACED.get(top, top)
+
+
+def _layer(module: str) -> int | None:
+    for rank, layer in enumerate(LAYERS.get(_wing(module), ())):
+        if module in layer:
+            return rank
+    return None
+
+
+def test_every_core_module_has_a_wing_and_a_layer() -> None:
+    for path in (ROOT / "lakestream").rglob("*.py"):
+        me = _module(path)
+        assert _wing(me) in WINGS, f"{path}: {me} belongs to no wing of {WINGS}"
+        if _wing(me) in LAYERS:
+            assert _layer(me) is not None, f"{path}: {me} has no layer in LAYERS"
 
 
 def test_core_imports_point_down() -> None:
     for path in (ROOT / "lakestream").rglob("*.py"):
-        rel = path.relative_to(ROOT / "lakestream").parts
-        me = rel[0].removesuffix(".py")
+        me = _module(path)
         for name in _imports(path):
-            if not name.startswith("lakestream") or name == "lakestream":
+            if not name.startswith("lakestream.") or name in FORWARDING:
                 continue
-            other = _module(name)
-            assert other not in ("producers", "loaders"), f"{path} imports {name}"
-            if me == other or (me, other) in ALLOWED_UPWARD:
+            other = name.removeprefix("lakestream.")
+            assert _wing(other) not in ("producers", "loaders"), f"{path} imports {name}"
+            if (me, _wing(other)) in ALLOWED_UPWARD:
                 continue
-            assert RANKS[other] < RANKS[me], f"{path} ({me}) imports {name} ({other}): upward"
+            mine, theirs = WINGS.index(_wing(me)), WINGS.index(_wing(other))
+            assert theirs <= mine, f"{path} ({_wing(me)}) imports {name} ({_wing(other)})"
+            if theirs == mine and _wing(me) in LAYERS and me != other:
+                assert _layer(other) is not None and _layer(other) < _layer(me), \
+                    f"{path} ({me}) imports {name} ({other}), of the same layer or above"
+
+
+def test_producers_and_loaders_stand_on_the_facade_not_on_the_tools() -> None:
+    for folder in ("producers", "loaders"):
+        for path in (ROOT / folder).rglob("*.py"):
+            assert not any(n.startswith("lakestream.ops") for n in _imports(path)), path
+
+
+def test_the_forwarding_modules_serve_only_the_modules_changed_elsewhere() -> None:
+    for folder in ("lakestream", "producers", "loaders", "tests", "bench", "demo"):
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = str(path.relative_to(ROOT))
+            for name in _imports(path) & FORWARDING.keys():
+                assert rel in FORWARDING[name], f"{rel} imports {name}: import its new path"
 
 
 def test_the_log_reader_is_read_from_its_own_module() -> None:
-    """``read_entry``/``read_tail`` live in ``lakestream.tail``; the snapshot module only
-    uses them, and nothing reaches them through it."""
+    """``read_entry``/``read_tail`` live in ``lakestream.log.tail``; the snapshot modules
+    only use them, and nothing reaches them through one."""
     for folder in ("lakestream", "producers", "loaders", "tests", "bench", "demo"):
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module == "lakestream.snapshot":
+                if isinstance(node, ast.ImportFrom) and node.module in (
+                        "lakestream.log.snapshot", "lakestream.log.opening"):
                     names = {a.name for a in node.names}
                     assert not names & {"read_entry", "read_tail"}, path
 

@@ -58,6 +58,19 @@ def put_fragment(store: ObjectStore, key: str, body: bytes | memoryview) -> None
         pass
 
 
+def check_rows(rows: int, group_size: int, where: str) -> int:
+    """Returns ``rows`` if a fragment may hold that many: a positive multiple of the group
+    size, so that no group is cut between fragments (or steps, or ranks).
+
+    Raises:
+        ValueError: it may not; the message starts with ``where``.
+    """
+    if rows == 0 or rows % group_size:
+        raise ValueError(f"{where}: {rows} rows is not a positive multiple of the group size "
+                         f"{group_size}")
+    return rows
+
+
 def read_whole(size: int) -> bool:
     """Whether a fragment of ``size`` bytes is read whole, in one GET, and checked against the
     CRC-32 its commit records; a larger one is read by row group, its pages checked by the

@@ -38,6 +38,7 @@ from lakestream.log.replay import ReplayState
 from lakestream.log.segments import INDEX_DIR
 from lakestream.log.snapshot import SNAPSHOT_DIR, snapshot_key, snapshot_segments, snapshot_version
 from lakestream.log.tail import read_entry
+from lakestream.log.view import LogView
 from lakestream.store.base import ObjectMeta, ObjectStore
 
 T = TypeVar("T")
@@ -145,6 +146,27 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
             report.skipped.append(f"temp files: {e}")
     _compact(store, state, now, cutoff, delta_checkpoint_version, report)
     return report
+
+
+def gc_stream(view: LogView, grace_seconds: float, *, delta_checkpoint: bool = True,
+              storage_options: dict[str, str] | None = None) -> GcReport:
+    """What ``Stream.gc`` does: reads the store's clock, then the log's head, writes a Delta
+    checkpoint (with ``delta_checkpoint`` and deltalake installed: other engines open the
+    table fast, and old entries may go), then ``collect``s on the state read."""
+    seen_at = store_now(view.store)  # before the state gc works from is read
+    view.refresh()
+    version = _write_delta_checkpoint(view.uri, storage_options) if delta_checkpoint else None
+    return collect(view.store, view.state, grace_seconds, version, seen_at=seen_at)
+
+
+def _write_delta_checkpoint(uri: str, storage_options: dict[str, str] | None) -> int | None:
+    try:
+        import deltalake
+    except ImportError:
+        return None
+    table = deltalake.DeltaTable(uri, storage_options=storage_options)
+    table.create_checkpoint()
+    return int(table.version())
 
 
 def _in_flight(state: ReplayState, meta: ObjectMeta, seen_at: float) -> bool:

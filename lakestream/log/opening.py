@@ -1,13 +1,20 @@
-"""Opening a stream's log: hint -> newest snapshot -> the tail, in a number of requests that
-does not grow with the log (docs/design.md §4, "Opening"); and the log alone, when a
-snapshot's index is damaged."""
+"""Creating a stream's log (version 0, once), and opening it: hint -> newest snapshot -> the
+tail, in a number of requests that does not grow with the log (docs/design.md §4,
+"Opening"); and the log alone, when a snapshot's index is damaged."""
 
 from __future__ import annotations
 
 import logging
 
-from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError
-from lakestream.log.entries import log_key
+from lakestream.errors import (
+    AlreadyExistsError,
+    CorruptLogError,
+    LogCompactedError,
+    NotFoundError,
+    StoreError,
+)
+from lakestream.log.codec import encode_entry
+from lakestream.log.entries import Create, StreamMeta, log_key
 from lakestream.log.replay import ReplayState
 from lakestream.log.segments import segment_fetcher
 from lakestream.log.snapshot import (
@@ -17,13 +24,40 @@ from lakestream.log.snapshot import (
     read_manifest,
     snapshot_key,
     snapshot_version,
+    write_snapshot,
 )
-from lakestream.log.tail import read_tail
+from lakestream.log.tail import entry_or_none, read_tail
 from lakestream.store.base import ObjectStore
 from lakestream.store.parse import count, loads
 
 log = logging.getLogger("lakestream")
 MAX_POINTER_BYTES = 4096
+
+def create_log(store: ObjectStore, uri: str, meta: StreamMeta) -> ReplayState:
+    """Puts version 0, the stream's creation, and the snapshot after it; returns the state.
+    A put whose reply was lost, retried onto its own object, counts as done.
+
+    Raises:
+        AlreadyExistsError: a stream already exists at ``uri``.
+        StoreError: the store failed (and version 0 is not ours).
+    """
+    entry = Create(meta)
+    try:
+        store.put(log_key(0), encode_entry(entry), mode="create")
+    except (AlreadyExistsError, StoreError) as e:
+        # A lost reply, or a retried PUT meeting its own object: read what is there.
+        existing = entry_or_none(store, 0)
+        if existing is None or existing.commit_id != entry.commit_id:
+            if isinstance(e, StoreError):
+                raise
+            raise AlreadyExistsError(
+                f"a stream already exists at {uri}; open it with lakestream.open"
+            ) from None
+    state = ReplayState()
+    state.apply(0, entry)
+    write_snapshot(store, state)
+    return state
+
 
 def _exists(store: ObjectStore, key: str) -> bool:
     try:

@@ -1,6 +1,6 @@
 """The steps of one stream under a read-time policy: stale groups dropped or masked, groups
 a filter rejects skipped, each step refilled from later samples, and ranks given groups by
-tokens. ``lakestream.choose`` decides; this reads the planning columns it needs (small,
+tokens. ``lakestream.plan.choose`` decides; this reads the planning columns it needs (small,
 columnar), then each rank's rows.
 
 Steps are planned one after another from a known (step, cursor): the cursor of the next
@@ -24,7 +24,7 @@ from lakestream.plan.choose import FRESH, Choice, choose, kept
 from lakestream.plan.mix import runs
 from lakestream.plan.slices import check_world
 from lakestream.read.cache import FragmentCache
-from lakestream.stream import Stream
+from lakestream.read.offsets import Readable
 
 Accept = Callable[[pa.Table], bool]
 STALE_COLUMN = "stale"
@@ -125,7 +125,7 @@ class SelectedSteps:
     """``stream``'s steps under ``policy``, planned from step ``base_step`` at offset
     ``base_cursor``. Offers what ``MixSteps`` offers, so readers take either."""
 
-    def __init__(self, stream: Stream, policy: ReadPolicy, base_step: int = 0,
+    def __init__(self, stream: Readable, policy: ReadPolicy, base_step: int = 0,
                  base_cursor: int = 0) -> None:
         policy.check(stream.schema, stream.uri)
         if base_cursor % stream.group_size:
@@ -158,7 +158,7 @@ class SelectedSteps:
         """The planning columns, in the stream's order."""
 
     @property
-    def stream(self) -> Stream:
+    def stream(self) -> Readable:
         return self.streams[0]
 
     @property

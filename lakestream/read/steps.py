@@ -1,5 +1,5 @@
 """The steps of a mix over open streams: whether a step is readable yet, whether the mix has
-ended before it, and a rank's rows of it (``lakestream.mix`` plans; this reads)."""
+ended before it, and a rank's rows of it (``lakestream.plan.mix`` plans; this reads)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from lakestream.plan.mix import MixPlan, SourcePlan, source_key
 from lakestream.read.cache import FragmentCache
-from lakestream.stream import Stream
+from lakestream.read.offsets import Readable
 
 
 @dataclass(frozen=True)
@@ -30,18 +30,17 @@ class Source:
         return {"uri": self.uri, "take": self.take, "cycle": self.cycle}
 
 
-def open_mix(sources: Sequence[Source], *, shuffle_window: int | None = None, seed: int = 0,
-             epochs: int | None = None, base_step: int = 0,
-             starts: Sequence[int] | None = None, keyed: bool = True) -> MixSteps:
-    """Opens every source's stream and plans their mix (see ``lakestream.mix``). ``keyed``:
-    each source's permutations are keyed by its stream's identity (False: by its index, as
-    plans were before).
+def mix_steps(sources: Sequence[Source], streams: Sequence[Readable], *,
+              shuffle_window: int | None = None, seed: int = 0, epochs: int | None = None,
+              base_step: int = 0, starts: Sequence[int] | None = None,
+              keyed: bool = True) -> MixSteps:
+    """The mix of ``sources`` over their open ``streams`` (one each, in order; see
+    ``lakestream.plan.mix``). ``keyed``: each source's permutations are keyed by its
+    stream's identity (False: by its index, as plans were before).
 
     Raises:
         ValueError: the plan is invalid (named), e.g. ``cycle`` on a stream not sealed.
-        NotFoundError: a source's stream does not exist.
     """
-    streams = [Stream.open(s.uri, storage_options=s.storage_options) for s in sources]
     for s, st in zip(sources, streams, strict=True):
         trimmed = st.state.reclaimed_below
         if trimmed and (s.cycle or epochs is not None):
@@ -66,9 +65,9 @@ def open_mix(sources: Sequence[Source], *, shuffle_window: int | None = None, se
 
 class Steps(Protocol):
     """What readers and datasets ask of a sequence of steps: a mix (``MixSteps``) or one
-    stream under a read-time policy (``lakestream.selected``)."""
+    stream under a read-time policy (``lakestream.read.selected``)."""
 
-    streams: list[Stream]
+    streams: list[Readable]
 
     @property
     def uri(self) -> str: ...
@@ -104,7 +103,7 @@ class MixSteps:
     """``plan`` over ``streams`` (one per source, in order). A plan made before a source
     was sealed takes its seal into account as soon as a handle sees it."""
 
-    def __init__(self, streams: Sequence[Stream], plan: MixPlan) -> None:
+    def __init__(self, streams: Sequence[Readable], plan: MixPlan) -> None:
         if len(streams) != len(plan.sources):
             raise ValueError(f"{len(streams)} streams for {len(plan.sources)} sources")
         self.streams = list(streams)
@@ -114,7 +113,7 @@ class MixSteps:
             else FragmentCache(SEAM_CACHE_BYTES) if seams else None
 
     @classmethod
-    def single(cls, stream: Stream) -> MixSteps:
+    def single(cls, stream: Readable) -> MixSteps:
         """A stream's own steps, in log order."""
         return cls([stream], MixPlan([SourcePlan(stream.global_batch_size, stream.group_size,
                                                  sealed=stream.sealed_at)]))

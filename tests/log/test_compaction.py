@@ -11,6 +11,7 @@ import lakestream
 import lakestream.log.codec
 import lakestream.log.entries
 import lakestream.log.gc
+import lakestream.log.view
 import lakestream.stream
 from lakestream.errors import LogCompactedError
 from lakestream.log.entries import Compacted, log_key
@@ -132,7 +133,7 @@ def test_a_handle_idle_past_the_reopen_time_reopens_before_it_reads(tmp_path,
     monkeypatch.setattr(lakestream.log.gc, "TOMBSTONE_TTL_S", 0.0)
     s.gc(grace_seconds=GRACE)  # the tombstones are gone: versions 1..4 are free again
     assert not any(True for _ in s.store.list("_delta_log/") if _.key == log_key(1))
-    monkeypatch.setattr(lakestream.stream, "REOPEN_IDLE_S", 0.05)
+    monkeypatch.setattr(lakestream.log.view, "REOPEN_IDLE_S", 0.05)
     time.sleep(0.1)
     assert idle.append(rows(48, 4)) == 13  # reopened first: at the head, not at version 1
     assert lakestream.open(s.uri).num_samples == 52

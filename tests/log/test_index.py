@@ -160,8 +160,8 @@ def test_a_reclaim_of_a_fragment_past_its_point_is_corrupt_for_every_handle(tmp_
     _wide(uri, 100, per_entry=10)
     lakestream.open(uri).register_group("train", 1)  # reclaims below offset 4 may land
     stored = lakestream.open(uri)  # from the snapshot at version 10: segments
-    replayed = lakestream.open(uri)
-    replayed._state = load_state(NoSnapshots(replayed.store), uri)  # fragments in memory
+    store = open_store(uri)
+    replayed = lakestream.Stream(uri, store, load_state(NoSnapshots(store), uri))  # in memory
     bad = (FragmentRef("data/x/000000050.parquet", 1, 100, 50, -1, 7),)
     v = stored.version + 1
     stored.store.put(log_key(v), encode_entry(Reclaim(2, bad, "bad")), mode="create")
@@ -267,7 +267,7 @@ def test_a_stale_handle_reopens_when_gc_deleted_a_segment_a_reclaim_superseded(
     # Regression: a handle that held an old manifest's segment names hit a deleted segment
     # after a reclaim rewrote it and gc swept the original; its only way out replayed the
     # log from version 0, which gc had compacted away.
-    import lakestream.stream
+    import lakestream.log.view
 
     uri = str(tmp_path / "s")
     writer = lakestream.create(uri, SCHEMA, global_batch_size=4, snapshot_interval=4)
@@ -285,7 +285,7 @@ def test_a_stale_handle_reopens_when_gc_deleted_a_segment_a_reclaim_superseded(
 
     held = {p.key for p in stale.state.index.parts}
     assert held - {m.key for m in writer.store.list(INDEX_DIR)}  # gc deleted one it names
-    monkeypatch.setattr(lakestream.stream, "replay_log", no_replay)
+    monkeypatch.setattr(lakestream.log.view, "replay_log", no_replay)
     assert ids(stale.read_step(3)) == [12, 13, 14, 15]
 
 

@@ -116,14 +116,15 @@ def test_a_shuffled_mix_decodes_each_fragment_once_an_epoch_when_windows_straddl
     # 40 samples in fragments of 4, windows of 4 steps of 4: two windows of 16 and a short
     # one of 8, placed anywhere in an epoch's order, so a source window can begin in the
     # middle of the steps' window and end in the next one.
-    from lakestream.read.steps import Source, open_mix
+    from lakestream.read.steps import Source, mix_steps
     from tests.helpers import SCHEMA, rows
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     for i in range(10):
         s.append(rows(4 * i, 4))
     s.seal()
-    mix = open_mix([Source(s.uri, take=4)], shuffle_window=4, epochs=3, seed=seed)
+    mix = mix_steps([Source(s.uri, take=4)], [lakestream.open(s.uri)], shuffle_window=4,
+                    epochs=3, seed=seed)
     cache = mix._cache
     assert cache is not None
     fetch, decoded = cache.fetch, []

@@ -1,0 +1,146 @@
+"""The entries a stream handle commits beside producers' appends: a table appended as one
+fragment, a checkpoint marker, a consumer group's registration and removal, the seal.
+
+Each entry is made by a ``Build`` that runs on the state it would commit on, so its
+precondition is checked on exactly that state (a ``retain`` landing first makes a marker
+fail, never point at reclaimed data); see ``lakestream.log.transaction``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from zlib_ng import zlib_ng
+
+from lakestream.errors import LakestreamError, StepNotAvailableError
+from lakestream.log.entries import (
+    Append,
+    Checkpoint,
+    Entry,
+    FragmentRef,
+    Register,
+    RemoveGroup,
+    Seal,
+    check_group,
+)
+from lakestream.log.fragments import (
+    ANONYMOUS,
+    check_rows,
+    encode_fragment,
+    fragment_key,
+    put_fragment,
+)
+from lakestream.log.replay import ReplayState, refuse_if_sealed
+from lakestream.log.transaction import Build, CommitOptions, unwrap
+from lakestream.log.view import LogView
+from lakestream.schema.conform import conform
+
+log = logging.getLogger("lakestream")
+
+
+def append_table(view: LogView, data: Any, options: CommitOptions | None = None) -> int:
+    """Writes ``data`` as one fragment and commits it; returns the version (see
+    ``Stream.append``). The uploaded file is deleted only after a definite failure.
+
+    Raises:
+        SchemaMismatchError, ValueError: before anything is uploaded.
+        CommitConflictError, CommitStateUnknownError, CorruptLogError, StreamSealedError.
+    """
+    uri = view.uri
+    refuse_if_sealed(view.state, uri)
+    meta = view.state.stream_meta
+    table = conform(data, meta.schema, where=f"append to {uri}")
+    rows = check_rows(table.num_rows, meta.group_size, f"append to {uri}")
+    key = fragment_key(ANONYMOUS, 0, 0)
+    body = encode_fragment(table, meta.group_size)
+    crc = zlib_ng.crc32(body)
+    put_fragment(view.store, key, body)
+
+    def build(state: ReplayState, commit_id: str) -> Entry:
+        refuse_if_sealed(state, uri)
+        ref = FragmentRef(key, rows, len(body), state.next_offset, 0, crc)
+        return Append(None, 0, (ref,), None, commit_id)
+
+    outcome = view.transact(build, options)
+    if outcome.definite_failure:
+        try:
+            view.store.delete(key)  # a definite failure: nothing can name the file
+        except LakestreamError as e:  # gc removes the orphan; the outcome is the news
+            log.warning("could not delete the uncommitted fragment %s: %s", key, e)
+    result = unwrap(outcome)
+    assert result is not None
+    return result.version
+
+
+def check_group_step(view: LogView, group: str, step: int, what: str) -> None:
+    """A valid group name and a step already visible (refreshing once to see it).
+
+    Raises:
+        ValueError: naming what is wrong; ``what`` says where such a step must lie.
+    """
+    check_group(group)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    if step > view.state.num_steps:
+        view.refresh()
+    steps = view.state.num_steps
+    if step > steps:
+        raise ValueError(f"step {step} of group {group!r} is past the {steps} steps visible "
+                         f"in {view.uri}: {what} a step already readable")
+
+
+def checkpoint(uri: str, group: str, step: int, checkpoint_id: str | None) -> Build:
+    """The marker "``group`` has a durable checkpoint resuming at ``step``", refused on a
+    state whose reclaimed offset is past the step's data (``StepNotAvailableError``)."""
+
+    def build(state: ReplayState, commit_id: str) -> Entry:
+        if step * state.stream_meta.global_batch_size < state.reclaimed_below:
+            raise StepNotAvailableError(
+                f"checkpoint step {step} of group {group!r} is below the retention point "
+                f"of {uri} (offset {state.reclaimed_below} at version "
+                f"{state.version}): its data is reclaimed; checkpoint a later step"
+            )
+        return Checkpoint(group, step, checkpoint_id, commit_id)
+
+    return build
+
+
+def registration(uri: str, group: str, step: int) -> Build:
+    """``group``'s registration at ``step``; nothing if the log knows the group already, and
+    refused if the step's data is reclaimed (``StepNotAvailableError``)."""
+
+    def build(state: ReplayState, commit_id: str) -> Entry | None:
+        if group in state.registered or group in state.markers:
+            return None
+        if step * state.stream_meta.global_batch_size < state.reclaimed_below:
+            raise StepNotAvailableError(
+                f"group {group!r} cannot register at step {step} of {uri}: its data "
+                f"is reclaimed (below offset {state.reclaimed_below}); register a later "
+                "step")
+        return Register(group, step, commit_id)
+
+    return build
+
+
+def removal(uri: str, group: str) -> Build:
+    """``group``'s removal, refused if the log knows no such group.
+
+    Raises:
+        ValueError: ``group`` is not a valid group name (at once); the log knows no such
+            group (when the entry is built).
+    """
+    check_group(group)
+
+    def build(state: ReplayState, commit_id: str) -> Entry:
+        if group not in state.registered and group not in state.markers:
+            raise ValueError(f"{uri} has no consumer group {group!r}; its groups: "
+                             f"{state.groups or 'none'}")
+        return RemoveGroup(group, commit_id)
+
+    return build
+
+
+def seal(state: ReplayState, commit_id: str) -> Entry | None:
+    """The seal; nothing if the stream is sealed already."""
+    return None if state.sealed_at is not None else Seal(commit_id)
