@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import payload  # noqa: E402
 from reps import median  # noqa: E402
 
-from lakestream.plan.balance import _largest_differencing, balance_groups, equal_count  # noqa: E402
+from lakestream.plan.balance import _largest_differencing, balance_groups  # noqa: E402
 from lakestream.plan.balance import spread as max_over_mean  # noqa: E402
+from lakestream.plan.slices import equal_count  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 WORLD = 8

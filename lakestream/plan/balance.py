@@ -3,8 +3,9 @@ gets the same number of groups and about the same number of tokens. Pure functio
 groups' costs and the world size.
 
 A step's groups have costs (tokens: the sum of their samples' lengths). The contiguous
-split of today gives rank r groups ``[r*n/W, (r+1)*n/W)``; its slowest rank sets the step's
-time, and with responses whose lengths vary a few-fold it carries well above the mean.
+split (``lakestream.plan.slices.equal_count``) gives rank r groups ``[r*n/W, (r+1)*n/W)``;
+its slowest rank sets the step's time, and with responses whose lengths vary a few-fold it
+carries well above the mean.
 ``balance_groups`` keeps the counts equal (every rank's batch stays B/W samples) and evens
 the tokens with the balanced largest differencing method of Karmarkar and Karp:
 
@@ -28,6 +29,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lakestream.plan.slices import share
+
 # A subset: its sum and the sorted positions of its groups (the first is its tie-break key).
 _Subset = tuple[int, list[int]]
 
@@ -46,22 +49,6 @@ def _costs(costs: np.ndarray | Sequence[int]) -> np.ndarray:
         i = int(negative[0])
         raise ValueError(f"costs must be >= 0; group {i} costs {int(c[i])}")
     return c
-
-
-def _check(n_groups: int, world_size: int) -> int:
-    """Returns the groups per rank.
-
-    Raises:
-        ValueError: ``world_size`` < 1, or it does not divide ``n_groups``.
-    """
-    if isinstance(world_size, bool) or not isinstance(world_size, int | np.integer) \
-            or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if n_groups % world_size:
-        raise ValueError(f"world_size {world_size} does not divide the step's {n_groups} "
-                         f"groups: every rank must read the same number of groups (use a "
-                         f"world size that divides {n_groups})")
-    return n_groups // int(world_size)
 
 
 def balance_groups(costs: np.ndarray | Sequence[int], world_size: int) -> list[np.ndarray]:
@@ -85,7 +72,7 @@ def balance_groups(costs: np.ndarray | Sequence[int], world_size: int) -> list[n
         TypeError: ``costs`` are not integers.
     """
     c = _costs(costs)
-    per_rank = _check(c.size, world_size)
+    per_rank = share(c.size, world_size, f"the step's {c.size} groups")
     w = int(world_size)
     if per_rank == 0:
         return [np.empty(0, np.int64) for _ in range(w)]
@@ -147,16 +134,6 @@ def _swap_down(ranked: np.ndarray, owner: np.ndarray, w: int) -> np.ndarray:
         loads[h] -= gain
         loads[r] += gain
     return owner
-
-
-def equal_count(n_groups: int, world_size: int) -> list[np.ndarray]:
-    """Today's contiguous split: rank r reads groups ``[r*n/W, (r+1)*n/W)``.
-
-    Raises:
-        ValueError: ``world_size`` < 1 or does not divide ``n_groups``.
-    """
-    per_rank = _check(n_groups, world_size)
-    return [np.arange(r * per_rank, (r + 1) * per_rank) for r in range(int(world_size))]
 
 
 def spread(costs: np.ndarray | Sequence[int], assignment: Sequence[np.ndarray]) -> float:

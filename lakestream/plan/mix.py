@@ -17,9 +17,10 @@ is its log order, possibly shuffled and repeated:
   takes its windows in a fresh seeded order. Live sources keep windows in log order: a window
   is readable once every sample in it is committed.
 
-Rank r of W reads the r-th share of each source's k_i slots, so every rank sees the same
-proportions (W must divide k_i, and k_i / W must hold whole groups). Nothing here reads a
-store: every rank and every restart derives the same rows from the same inputs.
+Rank r of W reads the r-th share of each source's k_i slots (``lakestream.plan.slices``), so
+every rank sees the same proportions (W must divide k_i, and k_i / W must hold whole
+groups). Nothing here reads a store: every rank and every restart derives the same rows
+from the same inputs.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from lakestream.plan.slices import check_world
+from lakestream.plan.slices import check_world, rank_slice
 
 KEPT_PER_SOURCE = 4
 """Window permutations, and epoch orders of windows, a plan keeps per source: a step and the
@@ -174,12 +175,8 @@ class MixPlan:
     def check_world(self, world_size: int) -> None:
         """Raises ValueError unless every rank can take whole groups of every source."""
         for i, s in enumerate(self.sources):
-            try:
-                check_world(s.take, s.group_size, world_size)
-            except ValueError as e:
-                if len(self.sources) == 1:
-                    raise
-                raise ValueError(f"source {i} takes {s.take} samples per step: {e}") from None
+            check_world(s.take, s.group_size, world_size, where=None if len(self.sources) == 1
+                        else f"source {i} takes {s.take} samples per step")
 
     def with_sealed(self, sealed: Sequence[int | None]) -> MixPlan:
         """The same plan with the sources' current sealed sizes (a source sealed since)."""
@@ -296,8 +293,8 @@ class MixPlan:
         reads at ``step``, in the order its samples come in the step."""
         out = []
         for i, s in enumerate(self.sources):
-            share = s.take // world_size
-            offsets, _ = self._offsets(i, step, np.arange(rank * share, (rank + 1) * share))
+            slots = rank_slice(s.take, rank, world_size, f"source {i}'s take of {s.take}")
+            offsets, _ = self._offsets(i, step, np.arange(slots.start, slots.stop))
             assert offsets is not None
             out.append(runs(offsets))
         return out

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakestream.errors import StepNotAvailableError
-from lakestream.plan.balance import balance_groups, equal_count
+from lakestream.plan.balance import balance_groups
 from lakestream.plan.choose import FRESH, Choice, choose, kept
 from lakestream.plan.mix import runs
-from lakestream.plan.slices import check_world
+from lakestream.plan.slices import check_rank, check_world, equal_count
 from lakestream.read.cache import FragmentCache
 from lakestream.read.offsets import Readable
 
@@ -343,10 +343,9 @@ class SelectedSteps:
         ``balance``), in log order, plus the stale mask with ``on_stale="mask"``."""
         choice = self.choice(step)
         g = self.stream.group_size
-        if self.policy.balance is not None:
-            mine = balance_groups(choice.costs, world_size)[rank]
-        else:
-            mine = equal_count(len(choice.groups), world_size)[rank]
+        ranks = balance_groups(choice.costs, world_size) if self.policy.balance is not None \
+            else equal_count(len(choice.groups), world_size)
+        mine = ranks[check_rank(rank, world_size)]
         offsets = (choice.groups[mine][:, None] + np.arange(g)[None, :]).ravel()
         table = self.stream.read_offsets(runs(offsets), columns, what=f"step {step}",
                                          cache=self._cache)

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakestream.plan.balance import balance_groups, equal_count, spread
+from lakestream.plan.balance import balance_groups, spread
+from lakestream.plan.slices import equal_count
 
 
 @st.composite
@@ -115,8 +116,3 @@ def test_bad_arguments_are_refused(costs: list[object], world: int, error: type[
                                    message: str) -> None:
     with pytest.raises(error, match=message):
         balance_groups(costs, world)  # type: ignore[arg-type]
-
-
-def test_equal_count_refuses_a_world_that_does_not_divide() -> None:
-    with pytest.raises(ValueError, match="world_size 3 does not divide the step's 8 groups"):
-        equal_count(8, 3)

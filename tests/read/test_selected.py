@@ -82,3 +82,13 @@ def test_every_rank_and_every_resume_reads_the_same_full_steps(
         assert all(p[j] % G == 0 and p[j + 1] == p[j] + 1 for p in parts
                    for j in range(0, len(p), G))
         assert ranks[0].counts(s) == whole.counts(s)
+
+
+@pytest.mark.parametrize("balance", [None, "tokens"])
+def test_a_rank_outside_the_world_is_refused(stream: Stream, balance: str | None) -> None:
+    # Regression: rank -1 read the last rank's groups, without a word.
+    steps = SelectedSteps(stream, ReadPolicy(balance=balance))
+    assert len(_ids(steps, 0, 1, 2)) == B // 2
+    for rank in (-1, 2):
+        with pytest.raises(ValueError, match=f"rank {rank} is outside world size 2"):
+            steps.read(0, rank, 2)
