@@ -22,70 +22,55 @@ FRESH = np.iinfo(np.int64).max
 
 @dataclass(frozen=True, eq=False)
 class Choice:
-    """What one step takes."""
+    """What one step takes (what it passed over is counted by the reader that plans steps
+    one after another: ``lakestream.read.selected``)."""
 
     step: int
     groups: np.ndarray
     """The first offset of each group taken, in log order."""
     end: int
     """The next step's cursor: the offset after the last group taken."""
-    stale_dropped: int
-    """Samples skipped because their group was stale."""
-    filtered: int
-    """Samples skipped because the filter rejected their group (and they were not stale)."""
     stale: np.ndarray
     """Per sample taken (in the order of ``groups``), whether it is stale (mask mode)."""
     costs: np.ndarray
     """Per group taken, its cost for balancing ranks (zeros when not balancing)."""
 
-    @property
-    def counts(self) -> dict[str, int]:
-        """Samples dropped or masked at this step, for logging."""
-        return {"stale_dropped": self.stale_dropped, "filtered": self.filtered,
-                "stale_masked": int(self.stale.sum())}
-
 
 def kept(step: int, group_size: int, versions: np.ndarray, accepted: np.ndarray,
          max_staleness: int | None, drop_stale: bool
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per group, whether ``step`` may take it and whether it is stale, and per sample
-    whether it is stale (what is not kept at ``step`` is not kept at any later step)."""
+    """Per group, whether ``step`` may take it and whether its staleness drops it, and per
+    sample whether it is stale (what is not kept at ``step`` is not kept at any later
+    step)."""
     n = len(accepted)
     stale = np.zeros(len(versions), bool) if max_staleness is None \
         else np.asarray(versions < step - max_staleness)
     group_stale = np.asarray(stale.reshape(n, group_size).any(axis=1)) if n \
         else np.zeros(0, bool)
-    return (accepted & ~group_stale if drop_stale else accepted), group_stale, stale
+    if not drop_stale:
+        return accepted, np.zeros(n, bool), stale
+    return accepted & ~group_stale, group_stale, stale
 
 
-def choose(step: int, cursor: int, group_size: int, groups: int, *, versions: np.ndarray,
-           accepted: np.ndarray, costs: np.ndarray, max_staleness: int | None,
-           drop_stale: bool) -> Choice | None:
-    """The groups step ``step`` takes from ``cursor`` on, or None if the samples given do
-    not hold ``groups`` kept groups yet.
+def choose(step: int, cursor: int, group_size: int, groups: int, *, keep: np.ndarray,
+           stale: np.ndarray, costs: np.ndarray) -> Choice | None:
+    """The groups step ``step`` takes from ``cursor`` on, the first ``groups`` kept ones, or
+    None if the samples given do not hold that many yet.
 
     Args:
-        versions: per sample from ``cursor`` on (a whole number of groups), its oldest
-            policy version (``FRESH`` when it has none).
-        accepted: per group, whether the filter keeps it.
+        keep: per group from ``cursor`` on (a whole number of groups), whether ``step`` may
+            take it (``kept``).
+        stale: per sample from ``cursor`` on, whether it is stale.
         costs: per group, its balancing cost.
     """
     g = group_size
-    n = len(accepted)
-    if len(versions) != n * g or len(costs) != n:
-        raise ValueError(f"{len(versions)} versions and {len(costs)} costs for {n} groups "
-                         f"of {g}")
-    keep, group_stale, stale = kept(step, g, versions, accepted, max_staleness, drop_stale)
+    n = len(keep)
+    if len(stale) != n * g or len(costs) != n:
+        raise ValueError(f"{len(stale)} samples and {len(costs)} costs for {n} groups of {g}")
     taken = np.flatnonzero(keep)[:groups]
     if len(taken) < groups:
         return None
     seen = int(taken[-1]) + 1 if groups else 0
-    skipped = np.ones(seen, dtype=bool)
-    skipped[taken] = False
-    by_staleness = skipped & group_stale[:seen] if drop_stale else np.zeros(seen, dtype=bool)
     samples = (taken[:, None] * g + np.arange(g)[None, :]).ravel()
     return Choice(step=step, groups=cursor + taken * g, end=cursor + seen * g,
-                  stale_dropped=int(by_staleness.sum()) * g,
-                  filtered=int((skipped & ~by_staleness).sum()) * g,
                   stale=stale[samples], costs=costs[taken])
-

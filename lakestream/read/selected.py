@@ -1,18 +1,19 @@
 """The steps of one stream under a read-time policy: stale groups dropped or masked, groups
 a filter rejects skipped, each step refilled from later samples, and ranks given groups by
 tokens. ``lakestream.plan.choose`` decides; this reads the planning columns it needs (small,
-columnar), then each rank's rows.
+columnar), then each rank's rows, and counts what each step skipped (``skipped``).
 
 Steps are planned one after another from a known (step, cursor): the cursor of the next
-step is where this one stopped. A handle plans each step once and keeps the choices of the
-last ``KEPT_CHOICES`` steps.
+step is where this one stopped, and every sample between them that the step did not take
+is counted once, as dropped for staleness or rejected by the filter. A handle plans each
+step once and keeps the choices of the last ``KEPT_CHOICES`` steps.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -117,6 +118,28 @@ class ReadPolicy:
                                  f"lengths are the cost) or an integer one, not {t}")
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """Samples a step passed over: dropped for staleness, or rejected by the filter."""
+
+    stale_dropped: int = 0
+    filtered: int = 0
+
+    def __add__(self, other: Skipped) -> Skipped:
+        return Skipped(self.stale_dropped + other.stale_dropped,
+                       self.filtered + other.filtered)
+
+
+def skipped(keep: np.ndarray, dropped: np.ndarray, group_size: int) -> Skipped:
+    """The samples of a run of groups that are not kept: those whose staleness dropped them
+    (``dropped``), the rest rejected by the filter. The one count of what a step skips,
+    whether the groups its choice passes over or those dropped before it could be filled:
+    each batch's ``read_policy`` counts are these."""
+    passed = ~np.asarray(keep, bool)
+    stale = int((passed & dropped).sum())
+    return Skipped(stale * group_size, (int(passed.sum()) - stale) * group_size)
+
+
 def version_column(schema: pa.Schema) -> str | None:
     return next((c for c in VERSION_COLUMNS if c in schema.names), None)
 
@@ -137,7 +160,7 @@ class SelectedSteps:
         self.global_batch_size = stream.global_batch_size
         self._groups = stream.global_batch_size // stream.group_size
         self._cursors = {base_step: base_cursor}
-        self._choices: dict[int, Choice] = {}
+        self._choices: dict[int, tuple[Choice, Skipped]] = {}
         self._next = base_step  # the first step not planned yet
         self._lock = threading.Lock()
         # Planning columns of the samples from the next step's cursor on.
@@ -145,9 +168,9 @@ class SelectedSteps:
         self._versions = np.zeros(0, np.int64)
         self._accepted = np.zeros(0, bool)
         self._costs = np.zeros(0, np.int64)
-        self._skipped = (0, 0)
-        """Samples (stale, filtered) dropped from the buffer's front before the next step was
-        filled: that step's choice counts them."""
+        self._skipped = Skipped()
+        """Samples dropped from the buffer's front before the next step was filled: that
+        step counts them."""
         self._cache = FragmentCache(64 << 20)  # fragments a step shares with the next
         self._version_column = version_column(stream.schema) \
             if policy.max_staleness is not None else None
@@ -209,25 +232,18 @@ class SelectedSteps:
         self._hi = hi
         return True
 
-    def _kept(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per group in the buffer, whether ``step`` may take it, and whether it is stale
-        and dropped for it."""
-        drop = self.policy.on_stale == "drop"
-        keep, stale, _ = kept(step, self.stream.group_size, self._versions, self._accepted,
-                              self.policy.max_staleness, drop)
-        return keep, stale & drop
+    def _kept(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per group in the buffer, whether ``step`` may take it and whether its staleness
+        drops it; per sample, whether it is stale."""
+        return kept(step, self.stream.group_size, self._versions, self._accepted,
+                    self.policy.max_staleness, self.policy.on_stale == "drop")
 
-    def _drop_front(self, step: int) -> None:
-        """Drops the groups before the first that ``step`` may take (all, if none), so that a
-        filter rejecting everything does not grow the buffer."""
-        kept, stale = self._kept(step)
-        n = int(np.argmax(kept)) if kept.any() else len(kept)
-        if not n:
-            return
-        g = self.stream.group_size
-        n_stale = int(stale[:n].sum())
-        self._skipped = (self._skipped[0] + n_stale * g, self._skipped[1] + (n - n_stale) * g)
-        self._advance(self._lo + n * g)
+    def _skip(self, keep: np.ndarray, dropped: np.ndarray, groups: int) -> Skipped:
+        """Counts the buffer's first ``groups`` groups that are not kept, and moves the
+        buffer past them all; returns what the step skipped so far."""
+        self._skipped += skipped(keep[:groups], dropped[:groups], self.stream.group_size)
+        self._advance(self._lo + groups * self.stream.group_size)
+        return self._skipped
 
     def _advance(self, offset: int) -> None:
         g = self.stream.group_size
@@ -248,28 +264,25 @@ class SelectedSteps:
         with self._lock:
             while self._next <= step:
                 t = self._next
-                choice = choose(t, self._lo, self.stream.group_size, self._groups,
-                                versions=self._versions, accepted=self._accepted,
-                                costs=self._costs, max_staleness=self.policy.max_staleness,
-                                drop_stale=self.policy.on_stale == "drop")
+                keep, dropped, stale = self._kept(t)
+                choice = choose(t, self._lo, self.stream.group_size, self._groups, keep=keep,
+                                stale=stale, costs=self._costs)
                 if choice is None:
-                    self._drop_front(t)
+                    # Drop the groups before the first kept one (all, if none), so that a
+                    # filter rejecting everything does not grow the buffer.
+                    self._skip(keep, dropped, int(np.argmax(keep)) if keep.any() else len(keep))
                     if not self._extend():
                         if not refresh:
                             return False
                         refresh = False
                         self.stream.refresh()
                     continue
-                stale, filtered = self._skipped
-                if stale or filtered:
-                    choice = replace(choice, stale_dropped=choice.stale_dropped + stale,
-                                     filtered=choice.filtered + filtered)
-                    self._skipped = (0, 0)
-                self._choices[t] = choice
+                passed = (choice.end - self._lo) // self.stream.group_size
+                self._choices[t] = (choice, self._skip(keep, dropped, passed))
+                self._skipped = Skipped()
                 self._choices.pop(t - KEPT_CHOICES, None)
                 self._cursors[t + 1] = choice.end
                 self._cursors.pop(t - KEPT_CHOICES, None)
-                self._advance(choice.end)
                 self._next = t + 1
             return True
 
@@ -279,15 +292,18 @@ class SelectedSteps:
         Raises:
             StepNotAvailableError: not enough samples are committed for it yet.
         """
+        return self._planned(step)[0]
+
+    def _planned(self, step: int) -> tuple[Choice, Skipped]:
         if not self._plan(step, refresh=True):
             raise StepNotAvailableError(
                 f"step {step} of {self.uri} is not filled yet: {self.committed()} (the "
                 "read policy skips some)")
-        choice = self._choices.get(step)
-        if choice is None:
+        planned = self._choices.get(step)
+        if planned is None:
             raise ValueError(f"step {step} was planned more than {KEPT_CHOICES} steps ago "
                              "by this handle: open another to read it")
-        return choice
+        return planned
 
     # -- what readers ask ----------------------------------------------------------------
 
@@ -329,13 +345,15 @@ class SelectedSteps:
         if self._plan(step, refresh=True):
             return self.cursors(step)
         with self._lock:
-            kept, _ = self._kept(self._next)
-            ahead = int((~kept).sum()) * self.stream.group_size
-            return [self._lo + ahead]
+            keep, dropped, _ = self._kept(self._next)
+            ahead = skipped(keep, dropped, self.stream.group_size)
+            return [self._lo + ahead.stale_dropped + ahead.filtered]
 
     def counts(self, step: int) -> dict[str, int] | None:
         """Samples dropped or masked at ``step``."""
-        return self.choice(step).counts
+        choice, passed = self._planned(step)
+        return {"stale_dropped": passed.stale_dropped, "filtered": passed.filtered,
+                "stale_masked": int(choice.stale.sum())}
 
     def read(self, step: int, rank: int, world_size: int,
              columns: list[str] | None = None) -> pa.Table:

@@ -1,5 +1,6 @@
 """The read-time planner: which groups a step takes, as a pure function, and planned one
-step after another from any saved (step, cursor)."""
+step after another from any saved (step, cursor). What each step skipped is counted by the
+reader (tests/read/test_selected.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lakestream.plan.choose import FRESH, Choice, choose
+from lakestream.plan.choose import FRESH, Choice, choose, kept
 
 G = 2
 
@@ -18,9 +19,9 @@ def _plan(versions: np.ndarray, accepted: np.ndarray, groups: int, k: int | None
     out = []
     while True:
         lo = cursor // G
-        choice = choose(step, cursor, G, groups, versions=versions[cursor:],
-                        accepted=accepted[lo:], costs=np.zeros(len(accepted) - lo, np.int64),
-                        max_staleness=k, drop_stale=drop)
+        keep, _, stale = kept(step, G, versions[cursor:], accepted[lo:], k, drop)
+        choice = choose(step, cursor, G, groups, keep=keep, stale=stale,
+                        costs=np.zeros(len(accepted) - lo, np.int64))
         if choice is None:
             return out
         out.append(choice)
@@ -44,7 +45,6 @@ def test_steps_take_kept_groups_in_order_and_account_for_every_skipped_one(
         assert c.step == t and len(c.groups) == groups
         assert np.all(np.diff(c.groups) > 0) and c.groups[0] >= cursor
         assert c.end == c.groups[-1] + G
-        assert c.end - cursor == groups * G + c.stale_dropped + c.filtered
         taken = c.groups // G
         assert accepted[taken].all()
         oldest = versions.reshape(-1, G).min(axis=1)
@@ -54,7 +54,6 @@ def test_steps_take_kept_groups_in_order_and_account_for_every_skipped_one(
         elif k is not None:
             want = versions[(c.groups[:, None] + np.arange(G)).ravel()] < t - k
             assert np.array_equal(c.stale, want)
-            assert c.stale_dropped == 0
         # every group skipped between the cursor and the end had a reason
         for gi in range(cursor // G, c.end // G):
             if gi in taken:
@@ -82,19 +81,19 @@ def test_resuming_from_a_saved_step_and_cursor_makes_the_same_choices(
         [(c.step, c.groups.tolist(), c.end) for c in whole[at:]]
 
 
-def test_a_null_version_is_never_stale_and_counts_say_what_was_skipped() -> None:
+def test_a_null_version_is_never_stale() -> None:
     versions = np.array([FRESH, FRESH, 0, 0, 9, 9, 9, 9], np.int64)
     accepted = np.array([True, True, False, True])
-    c = choose(9, 100, G, 2, versions=versions, accepted=accepted,
-               costs=np.array([1, 2, 3, 4]), max_staleness=2, drop_stale=True)
+    keep, dropped, stale = kept(9, G, versions, accepted, 2, True)
+    assert keep.tolist() == [True, False, False, True]
+    assert dropped.tolist() == [False, True, False, False]  # group 2 the filter rejected
+    c = choose(9, 100, G, 2, keep=keep, stale=stale, costs=np.array([1, 2, 3, 4]))
     assert c is not None
     assert c.groups.tolist() == [100, 106] and c.end == 108
-    assert (c.stale_dropped, c.filtered) == (2, 2)
-    assert c.costs.tolist() == [1, 4]
-    assert c.counts == {"stale_dropped": 2, "filtered": 2, "stale_masked": 0}
-    masked = choose(9, 100, G, 2, versions=versions, accepted=np.ones(4, bool),
-                    costs=np.zeros(4, np.int64), max_staleness=2, drop_stale=False)
+    assert c.costs.tolist() == [1, 4] and not c.stale.any()
+    keep, dropped, stale = kept(9, G, versions, np.ones(4, bool), 2, False)
+    assert keep.all() and not dropped.any()
+    masked = choose(9, 100, G, 2, keep=keep, stale=stale, costs=np.zeros(4, np.int64))
     assert masked is not None and masked.stale.tolist() == [False, False, True, True]
-    assert masked.counts["stale_masked"] == 2
-    assert choose(9, 0, G, 3, versions=versions, accepted=accepted,
-                  costs=np.zeros(4, np.int64), max_staleness=2, drop_stale=True) is None
+    keep, _, stale = kept(9, G, versions, accepted, 2, True)
+    assert choose(9, 0, G, 3, keep=keep, stale=stale, costs=np.zeros(4, np.int64)) is None

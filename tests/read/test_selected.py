@@ -1,5 +1,7 @@
 """A stream's steps under a read-time policy (``SelectedSteps``), without torch: every rank of
-every world size, resumed from any saved (step, cursor), reads the same full steps."""
+every world size, resumed from any saved (step, cursor), reads the same full steps; and what
+each step skipped is counted once (``skipped``), whether its choice passed over a group or
+the group was dropped before the step could be filled."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lakestream
-from lakestream.read.selected import ReadPolicy, SelectedSteps
+from lakestream.plan.choose import FRESH, choose, kept
+from lakestream.read.selected import ReadPolicy, SelectedSteps, Skipped, skipped
 from lakestream.stream import Stream
 
 B, G, GROUPS, STEPS = 16, 2, 240, 12
@@ -92,3 +95,71 @@ def test_a_rank_outside_the_world_is_refused(stream: Stream, balance: str | None
     for rank in (-1, 2):
         with pytest.raises(ValueError, match=f"rank {rank} is outside world size 2"):
             steps.read(0, rank, 2)
+
+
+streams = st.integers(4, 60).flatmap(lambda n: st.tuples(
+    st.lists(st.integers(0, 30), min_size=n * G, max_size=n * G),
+    st.lists(st.booleans(), min_size=n, max_size=n)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(streams, st.integers(1, 3), st.none() | st.integers(0, 5), st.booleans())
+def test_every_sample_a_step_passes_over_is_counted_once_with_its_reason(
+        sampled: tuple[list[int], list[bool]], groups: int, k: int | None, drop: bool) -> None:
+    versions = np.sort(np.array(sampled[0], np.int64))
+    accepted = np.array(sampled[1])
+    oldest = versions.reshape(-1, G).min(axis=1)
+    step = cursor = 0
+    while True:
+        lo = cursor // G
+        keep, dropped, stale = kept(step, G, versions[cursor:], accepted[lo:], k, drop)
+        c = choose(step, cursor, G, groups, keep=keep, stale=stale,
+                   costs=np.zeros(len(keep), np.int64))
+        if c is None:
+            return
+        passed = (c.end - cursor) // G
+        count = skipped(keep[:passed], dropped[:passed], G)
+        assert c.end - cursor == groups * G + count.stale_dropped + count.filtered
+        gone = [gi for gi in range(lo, lo + passed) if gi * G not in c.groups]
+        for_staleness = [gi for gi in gone if k is not None and drop and oldest[gi] < step - k]
+        assert count.stale_dropped == len(for_staleness) * G
+        if k is None or not drop:
+            assert count.stale_dropped == 0
+        step, cursor = step + 1, c.end
+
+
+def test_a_null_version_is_never_stale_and_counts_say_what_was_skipped() -> None:
+    versions = np.array([FRESH, FRESH, 0, 0, 9, 9, 9, 9], np.int64)
+    accepted = np.array([True, True, False, True])
+    keep, dropped, _ = kept(9, G, versions, accepted, 2, True)
+    assert skipped(keep, dropped, G) == Skipped(stale_dropped=2, filtered=2)
+    assert skipped(keep, dropped, G) + Skipped(1, 1) == Skipped(3, 3)
+    keep, dropped, _ = kept(9, G, versions, np.ones(4, bool), 2, False)
+    assert skipped(keep, dropped, G) == Skipped()  # masked: nothing is passed over
+
+
+def reject_odd(group: pa.Table) -> bool:
+    return group.column("id")[0].as_py() % 2 == 0
+
+
+def test_groups_dropped_before_a_step_fills_count_in_that_step(tmp_path) -> None:
+    """A step that cannot be filled yet drops the rejected groups ahead of it; when later
+    samples fill it, its counts hold those groups too, as the samples between its cursor
+    and the next step's say."""
+    schema = pa.schema([("id", pa.int64()), ("policy_version", pa.int64())])
+    s = lakestream.create(str(tmp_path / "s"), schema, global_batch_size=4, group_size=1)
+
+    def append(ids: list[int], version: int = 9) -> None:
+        s.append(pa.table({"id": ids, "policy_version": [version] * len(ids)}, schema=schema))
+
+    append([1, 3])  # rejected by the filter
+    append([10], version=-5)  # stale at step 0 (below 0 - 3)
+    append([0, 2])
+    steps = SelectedSteps(s, ReadPolicy(max_staleness=3, accept=reject_odd,
+                                        accept_columns=("id",)))
+    assert not steps.ready(0)  # two kept groups: 1, 3 and 10 are dropped meanwhile
+    append([5, 4, 6])
+    assert steps.ready(0)
+    assert steps.read(0, 0, 1, ["id"]).column("id").to_pylist() == [0, 2, 4, 6]
+    assert steps.counts(0) == {"stale_dropped": 1, "filtered": 3, "stale_masked": 0}
+    assert steps.cursors(1)[0] - steps.cursors(0)[0] == 4 + 1 + 3
