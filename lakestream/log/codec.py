@@ -155,13 +155,10 @@ def encode_entry(entry: Entry) -> bytes:
     commit_info = {"commitInfo": {"timestamp": now, "operation": operation,
                                   "operationParameters": params, "lakestream": info}}
     lines += [_dump(a) for a in actions]
-    # Each line is serialised once: the checksum covers the commitInfo line without it, then
-    # the action lines as they are written (``entry_checksum`` of the same lines), and goes
-    # in as the last key of ``lakestream``, the last object of the line: the tail that
-    # ``_as_written`` cuts. allow_nan=False as a backstop: only the state holds floats.
-    head, body = _dump(commit_info), "".join("\n" + line for line in lines)
-    crc = zlib_ng.crc32((head + body).encode())
-    data = (head[:-3] + f',"crc32":{crc}}}}}}}' + body + "\n").encode()
+    # Each line is serialised once (allow_nan=False as a backstop: only the state holds
+    # floats), and checksummed as written.
+    head, body = _dump(commit_info).encode(), "".join("\n" + line for line in lines).encode()
+    data = _with_checksum(head, entry_checksum(head, body)) + body + b"\n"
     if len(data) > MAX_ENTRY_BYTES:
         raise ValueError(f"the entry is {len(data):,} bytes, over {MAX_ENTRY_BYTES:,}: commit "
                          "fewer fragments at a time")
@@ -181,28 +178,53 @@ def _parse_lines(data: bytes, as_written: bool) -> list[Any]:
     return [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
 
 
+def entry_checksum(first: bytes, rest: bytes) -> int:
+    """The checksum of an entry: CRC-32 of its lines as compact JSON joined by newlines, its
+    first line (the commitInfo) without the checksum itself; ``rest`` is every line after the
+    first, each after its newline. A damaged entry that still parses is caught (object
+    stores check transfers, not rot).
+
+    Every path computes it here, on the same bytes: ``encode_entry`` on the lines it
+    writes, ``decode_entry`` on the raw lines of an entry laid out as written (``_as_written``,
+    nothing serialised again), and on any other entry's lines serialised again
+    (``lines_checksum``).
+    """
+    return zlib_ng.crc32(rest, zlib_ng.crc32(first))
+
+
+_CLOSE = b"}}}"
+"""How an entry's first line ends: its ``lakestream`` object, ``commitInfo`` and the line
+close at once. The checksum goes in as the last key of the first, so it is the tail that
+``_as_written`` cuts."""
 _CRC_TAIL = re.compile(rb',"crc32":(0|[1-9][0-9]{0,9})\}\}\}\Z')
+
+
+def _with_checksum(first: bytes, crc: int) -> bytes:
+    """The first line with ``crc`` as the last key of its ``lakestream`` object."""
+    return first[:-len(_CLOSE)] + b',"crc32":%d' % crc + _CLOSE
 
 
 def _as_written(data: bytes) -> int | None:
     """The checksum of ``data`` if it is byte for byte as ``encode_entry`` writes it (the
     CRC-32 at the end of its first line matches the raw lines with it cut out), else None:
-    checking the raw bytes saves serialising every line again (``entry_checksum``)."""
+    checking the raw bytes saves serialising every line again (``lines_checksum``)."""
     first = data.find(b"\n")
     if first < 0 or not data.endswith(b"\n"):
         return None
-    tail = _CRC_TAIL.search(data[:first])
+    tail = _CRC_TAIL.search(data, 0, first)
     if tail is None:
         return None
     stored = int(tail.group(1))
-    crc = zlib_ng.crc32(data[:first - len(tail.group(0))] + b"}}}")
-    return stored if zlib_ng.crc32(data[first:-1], crc) == stored else None
+    head = data[:tail.start()] + _CLOSE
+    return stored if entry_checksum(head, data[first:-1]) == stored else None
 
 
-def entry_checksum(lines: list[dict[str, Any]]) -> int:
-    """CRC-32 of an entry's lines, compactly serialised, without the checksum itself: a
-    damaged entry that still parses is caught (object stores check transfers, not rot)."""
-    return zlib_ng.crc32("\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode())
+def lines_checksum(lines: list[Any]) -> int:
+    """The checksum of an entry whose lines are ``lines`` (parsed, the checksum taken out of
+    the first), each serialised again as compact JSON (``entry_checksum``)."""
+    dumped = [json.dumps(a, separators=(",", ":")).encode() for a in lines]
+    return entry_checksum(dumped[0] if dumped else b"",
+                          b"".join(b"\n" + line for line in dumped[1:]))
 
 
 def _fragment(action: dict[str, Any], version: int) -> FragmentRef:
@@ -264,9 +286,9 @@ def decode_entry(version: int, data: bytes) -> Entry:
         info = infos[0]["lakestream"]
         stored = info.pop("crc32", None)
         if (stored != as_written if as_written is not None
-                else stored != entry_checksum(actions)):
+                else stored != lines_checksum(actions)):
             raise ValueError(f"checksum {stored!r} does not match the content "
-                             f"({entry_checksum(actions)}): the entry is damaged")
+                             f"({lines_checksum(actions)}): the entry is damaged")
         fmt = info.get("format")
         if fmt not in (FORMAT_VERSION, GROUP_ENTRY_FORMAT, SEAL_ENTRY_FORMAT,
                        COMPACTED_ENTRY_FORMAT):

@@ -8,7 +8,7 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log.codec import decode_entry, entry_checksum
+from lakestream.log.codec import decode_entry, lines_checksum
 from lakestream.log.entries import log_key
 from lakestream.log.snapshot import snapshot_key
 from lakestream.ops.verify import verify
@@ -34,7 +34,7 @@ def _dump(lines) -> bytes:
     for info in infos:
         info.pop("crc32", None)
     for info in infos:
-        info["crc32"] = entry_checksum(lines)
+        info["crc32"] = lines_checksum(lines)
     return b"\n".join(json.dumps(x, separators=(",", ":")).encode() for x in lines) + b"\n"
 
 

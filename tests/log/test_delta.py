@@ -19,7 +19,7 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log.codec import WRITER_FEATURE, decode_entry, encode_entry, entry_checksum
+from lakestream.log.codec import WRITER_FEATURE, decode_entry, encode_entry, lines_checksum
 from lakestream.log.entries import (
     Append,
     Create,
@@ -275,7 +275,7 @@ def _with_legacy_protocol(data: bytes) -> bytes:
             a["protocol"] = {"minReaderVersion": 1, "minWriterVersion": 2}
     info = lines[0]["commitInfo"]["lakestream"]
     del info["crc32"]
-    info["crc32"] = entry_checksum(lines)
+    info["crc32"] = lines_checksum(lines)
     return ("\n".join(json.dumps(a, separators=(",", ":")) for a in lines) + "\n").encode()
 
 
@@ -369,7 +369,7 @@ def test_an_append_is_serialised_once_and_checked_without_serialising_it_again(
     monkeypatch.setattr(log.json, "dumps", counting)
     data = encode_entry(Append("p0", 1, refs, None))
     assert calls[0] <= len(refs) + 10  # a path each, and a few lines
-    monkeypatch.setattr(log, "entry_checksum", lambda lines: pytest.fail("serialised again"))
+    monkeypatch.setattr(log, "lines_checksum", lambda lines: pytest.fail("serialised again"))
     assert decode_entry(1, data).fragments == refs  # type: ignore[union-attr]
 
 
@@ -395,13 +395,38 @@ def test_an_entry_laid_out_by_another_writer_is_checked_line_by_line() -> None:
         decode_entry(1, moved)
 
 
+def test_every_path_checksums_the_same_bytes_with_one_function(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writing an entry, reading it as written and reading it laid out otherwise all take
+    its checksum from ``entry_checksum``, over the same bytes: the entry's lines as compact
+    JSON, the checksum cut from the first."""
+    import lakestream.log.codec as codec
+
+    seen: list[tuple[bytes, bytes]] = []
+    real = codec.entry_checksum
+
+    def recorded(first: bytes, rest: bytes) -> int:
+        seen.append((bytes(first), bytes(rest)))
+        return real(first, rest)
+
+    monkeypatch.setattr(codec, "entry_checksum", recorded)
+    refs = tuple(FragmentRef(f"data/p0/{k}.parquet", 4, 100, 4 * k, k, 7 * k) for k in range(3))
+    data = encode_entry(Append("p0", 1, refs, {"cursor": [1, "é", 0.25]}))
+    spaced = ("\n".join(json.dumps(a) for a in _actions(data)) + "\n").encode()
+    assert decode_entry(1, data) == decode_entry(1, spaced)
+    assert len(seen) == 3 and seen[0] == seen[1] == seen[2]
+    first, rest = seen[0]
+    assert b'"crc32"' not in first
+    assert first + rest + b"\n" == data.replace(b',"crc32":%d}}}' % real(first, rest), b"}}}", 1)
+
+
 def test_an_old_entry_with_nan_state_still_decodes() -> None:
     # Written before the check: reading it must not fail, or the stream would not open.
     lines = _actions(encode_entry(_append(0.0)))
     info = lines[0]["commitInfo"]["lakestream"]
     del info["crc32"]
     info["state"] = float("nan")
-    info["crc32"] = entry_checksum(lines)
+    info["crc32"] = lines_checksum(lines)
     data = ("\n".join(json.dumps(a, separators=(",", ":")) for a in lines) + "\n").encode()
     assert b"NaN" in data
     decoded = decode_entry(1, data)
@@ -418,7 +443,7 @@ def test_verify_flags_an_old_entry_delta_readers_cannot_parse(tmp_path: Path) ->
     info = lines[0]["commitInfo"]["lakestream"]
     del info["crc32"]
     info["state"] = float("nan")
-    info["crc32"] = entry_checksum(lines)
+    info["crc32"] = lines_checksum(lines)
     s.store.put(log_key(1), ("\n".join(json.dumps(a) for a in lines) + "\n").encode())
     problems = verify(s.store).problems
     assert len(problems) == 1 and "log version 1 holds NaN" in problems[0]

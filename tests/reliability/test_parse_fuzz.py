@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakestream.errors import LakestreamError
-from lakestream.log.codec import decode_entry, entry_checksum
+from lakestream.log.codec import decode_entry, lines_checksum
 from lakestream.log.opening import read_hint
 from lakestream.log.progress import progress_key, read_progress
 from lakestream.log.replay import ReplayState
@@ -76,7 +76,7 @@ def _entries(draw: st.DrawFn) -> bytes:
                                       "lakestream.seq", "lakestream.crc32")}
             body["size"] = draw(st.integers(-5, 2**70))
         actions.append({kind: body})
-    info["crc32"] = entry_checksum(actions)
+    info["crc32"] = lines_checksum(actions)
     lines = [json.dumps(a, allow_nan=True) for a in actions]
     if draw(st.booleans()):
         lines[0] = lines[0][:draw(st.integers(0, len(lines[0])))]  # torn
