@@ -19,7 +19,7 @@ from lakestream.loaders.reader import StepReader, Stop
 from lakestream.log.entries import check_group
 from lakestream.plan.mix import resume_position
 from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
-from lakestream.read.steps import Source, Steps, mix_steps
+from lakestream.read.steps import Source, Steps, check_columns, mix_steps, stream_steps
 from lakestream.stream import Stream
 
 STATE_VERSION = 4
@@ -216,25 +216,12 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         if self.policy.active and start_step:  # planned from here, not from step 0
             self._base, self._mix = (start_step, [start_step * self.global_batch_size]), None
         self.step_key = step_key
-        first = self.streams[0]
         for stream in self.streams:
             if step_key in stream.schema.names:
                 raise ValueError(f"{stream.uri} has a column {step_key!r}, where each batch "
                                  "carries its step number: pass step_key= another name "
                                  "(e.g. 'lakestream_step')")
-            if columns is not None:
-                unknown = [c for c in columns if c not in stream.schema.names]
-                if unknown:
-                    raise ValueError(f"unknown columns {unknown}; {stream.uri} has "
-                                     f"{stream.schema.names}")
-            for name in columns if columns is not None else first.schema.names:
-                theirs = stream.schema.field(name).type if name in stream.schema.names \
-                    else None
-                if theirs != first.schema.field(name).type:
-                    raise ValueError(
-                        f"sources disagree on column {name!r}: {first.uri} has "
-                        f"{first.schema.field(name).type}, {stream.uri} has {theirs}; pass "
-                        "columns= the ones they share")
+        check_columns(self.streams, columns)
 
     @property
     def mix(self) -> Steps:
@@ -332,9 +319,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     def _source_steps(self, step: int) -> list[int]:
         """Each source's own step from which a run resuming at mix step ``step`` may read:
         what its registration and markers hold."""
-        return [offset // stream.global_batch_size
-                for offset, stream in zip(self.mix.hold_from(step), self.streams,
-                                          strict=True)]
+        return stream_steps(self.mix.hold_from(step), self.streams)
 
     # -- state ------------------------------------------------------------------------
 
@@ -585,8 +570,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         step = self.start_step if step is None else step
         steps = self._source_steps(step)
         if hold_offsets is not None:
-            steps = [min(s, offset // stream.global_batch_size) for s, offset, stream
-                     in zip(steps, hold_offsets, self.streams, strict=True)]
+            steps = [min(s, held) for s, held in zip(
+                steps, stream_steps(hold_offsets, self.streams), strict=True)]
         versions = [stream.mark_checkpoint(self.group, s, checkpoint_id)
                     for stream, s in zip(self.streams, steps, strict=True)]
         self.publish_progress()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from lakestream.errors import LakestreamError
 from lakestream.log.progress import Progress, publish_progress, read_progress
-from lakestream.read.steps import Steps
+from lakestream.read.steps import Steps, stream_steps
 from lakestream.store.base import ObjectStore
 
 log = logging.getLogger("lakestream")
@@ -161,6 +161,6 @@ class MixProgress:
 
     def __call__(self, step: int, policy_version: int | None) -> None:
         steps = self.steps
-        for part, stream, offset in zip(self.parts, steps.streams,
-                                        steps.progress_offsets(step), strict=True):
-            part(offset // stream.global_batch_size, policy_version)
+        own = stream_steps(steps.progress_offsets(step), steps.streams)
+        for part, reached in zip(self.parts, own, strict=True):
+            part(reached, policy_version)

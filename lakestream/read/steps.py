@@ -63,6 +63,37 @@ def mix_steps(sources: Sequence[Source], streams: Sequence[Readable], *,
     return MixSteps(streams, plan)
 
 
+def stream_steps(offsets: Sequence[int], streams: Sequence[Readable]) -> list[int]:
+    """Each source's offset as a step of its own stream: the step that holds it, ``offset //
+    B`` of that stream. How a mix's positions become what each stream's consumer group
+    holds and publishes (its registration, markers and progress are in its own steps)."""
+    return [offset // stream.global_batch_size
+            for offset, stream in zip(offsets, streams, strict=True)]
+
+
+def check_columns(streams: Sequence[Readable], columns: list[str] | None) -> None:
+    """Checks that every source has ``columns`` (all of the first's if None), of the same
+    types: a mix's step concatenates its sources' rows.
+
+    Raises:
+        ValueError: naming the column and the sources that disagree.
+    """
+    first = streams[0]
+    for stream in streams:
+        if columns is not None:
+            unknown = [c for c in columns if c not in stream.schema.names]
+            if unknown:
+                raise ValueError(f"unknown columns {unknown}; {stream.uri} has "
+                                 f"{stream.schema.names}")
+        for name in columns if columns is not None else first.schema.names:
+            theirs = stream.schema.field(name).type if name in stream.schema.names else None
+            if theirs != first.schema.field(name).type:
+                raise ValueError(
+                    f"sources disagree on column {name!r}: {first.uri} has "
+                    f"{first.schema.field(name).type}, {stream.uri} has {theirs}; pass "
+                    "columns= the ones they share")
+
+
 class Steps(Protocol):
     """What readers and datasets ask of a sequence of steps: a mix (``MixSteps``) or one
     stream under a read-time policy (``lakestream.read.selected``)."""
@@ -200,7 +231,7 @@ class MixSteps:
                 self._cache.end(window, keep=0 if plan.aligned else 1)
         if len(parts) == 1:
             return parts[0]
-        # Sources agree on the columns' types (checked by the dataset); nullability or
-        # metadata may differ.
+        # Sources agree on the columns' types (``check_columns``); nullability or metadata
+        # may differ.
         schema = parts[0].schema
         return pa.concat_tables([p if p.schema == schema else p.cast(schema) for p in parts])
