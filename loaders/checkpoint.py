@@ -19,8 +19,9 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from lakestream.errors import IncompleteCheckpointError
 from lakestream.failpoints import failpoint
-from lakestream.loaders.dataset import STATE_KEYS, StreamDataset, StreamMismatchError
+from lakestream.loaders.dataset import StreamDataset
 from lakestream.loaders.locations import CheckpointLocationError, Location, check_location
+from lakestream.loaders.resume import STATE_KEYS, StreamMismatchError
 from lakestream.loaders.safe_load import SafeLoadPlanner, read_metadata
 from lakestream.log.replay import Marker
 from lakestream.store import open_filesystem

@@ -1,10 +1,14 @@
-"""StreamDataset: every rank's slice of the same global batches, as a PyTorch IterableDataset."""
+"""StreamDataset: every rank's slice of the same global batches, as a PyTorch IterableDataset.
+
+Over 400 lines for a reason: the class is the loaders' entry point, and its docstring is the
+user's manual. What it delegates lives beside it: saved states and the cases in which they
+resume (``loaders/resume.py``), progress (``loaders/publisher.py``), prefetching
+(``loaders/reader.py``), the steps themselves (``lakestream.read``)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -16,23 +20,24 @@ from lakestream.loaders.collate import Collate, collate_table
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader, Stop
+from lakestream.loaders.resume import (
+    STATE_VERSION,
+    Base,
+    Resume,
+    changed_mix_starts,
+    check_batch_size,
+    check_named,
+    check_streams,
+    dataset_states,
+    refuse_worker_state,
+    worker_next,
+)
 from lakestream.log.entries import check_group
-from lakestream.plan.mix import resume_position
 from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
 from lakestream.read.steps import Source, Steps, check_columns, mix_steps, stream_steps
 from lakestream.stream import Stream
 
-STATE_VERSION = 4
-"""2 added the worker fields, 3 the mix (sources, cursors, shuffle, epochs), 4 the streams'
-identities; older states still load."""
-STATE_KEYS = frozenset({"version", "next_step", "group", "global_batch_size"})
-"""The keys of every StreamDataset state (a DCP checkpoint's keys must stay those saved)."""
 log = logging.getLogger("lakestream")
-
-
-class StreamMismatchError(LakestreamError):
-    """A dataset state (a checkpoint's) was saved reading another stream than this dataset
-    reads: one created anew, or another one altogether."""
 
 
 def _distributed() -> tuple[int, int] | None:
@@ -41,30 +46,6 @@ def _distributed() -> tuple[int, int] | None:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return None
-
-
-def _check_named(accept: Accept) -> None:
-    """Refuses a filter that its name does not find again: a checkpoint records ``accept``
-    as ``module.qualname``, and a resume compares that name, so two lambdas (or two nested
-    functions of one name) would pass for the same filter.
-
-    Raises:
-        ValueError: ``accept`` is a lambda, a nested function or a callable without a name
-            that resolves to it.
-    """
-    module = sys.modules.get(getattr(accept, "__module__", None) or "")
-    name = getattr(accept, "__qualname__", None)
-    found: Any = module
-    for part in (name or "<none>").split("."):
-        found = getattr(found, part, None)
-    if found is None or found is not getattr(accept, "__func__", accept):
-        what = ("a lambda" if name and "<lambda>" in name else
-                "a nested function" if name and "<locals>" in name else
-                f"{accept!r}, which its module and name do not find again")
-        raise ValueError(
-            f"accept= got {what}: the filter is recorded by name (module.qualname) in "
-            "checkpoints, so a resume can check it is the same; define it with def at the "
-            "top level of a module")
 
 
 class StreamDataset(IterableDataset[dict[str, Any]]):
@@ -166,7 +147,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             raise TypeError(f"accept_columns must be a list of column names, got "
                             f"{accept_columns!r}")
         if accept is not None:
-            _check_named(accept)
+            check_named(accept)
         self.policy = ReadPolicy(max_staleness, on_stale, accept,
                                  None if accept_columns is None else tuple(accept_columns),
                                  balance)
@@ -176,7 +157,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             raise ValueError("read-time policies (max_staleness, accept, balance) read one "
                              "stream in log order: they do not combine with mixing, "
                              "shuffle_window or epochs")
-        self._base: tuple[int, list[int]] = (0, [0] * len(self.sources))
+        self._base: Base = (0, [0] * len(self.sources))
         self._keyed = True
         """Whether the plan keys each source's permutations by its stream's identity; a
         state saved before they were (its mix JSON has no "keyed") resumes keyed by index."""
@@ -381,6 +362,12 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 "epochs": self.epochs,
                 "policy": self.policy.describe() if self.policy.active else None}
 
+    def _identities(self) -> list[tuple[str, str]]:
+        """Each source's URI and the id of the stream there: a state resumes only the streams
+        that saved it, not another one with the same batch size or URI."""
+        return [(source.uri, stream.meta.table_id)
+                for source, stream in zip(self.sources, self.streams, strict=True)]
+
     def state_dict(self) -> dict[str, Any]:
         """The resume point: the next step to read (torchdata/DCP ``Stateful``), the streams
         read (URI and creation id, as JSON under ``"streams"``), and for a mix its sources,
@@ -392,11 +379,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         # Always present (null for one stream in log order): DCP loads into the keys the
         # fresh dataset's state has, and requires each of them in the checkpoint.
         state["mix"] = json.dumps(None)
-        # Which streams these are (their creation ids): a state resumes only the streams
-        # that saved it, not another one with the same batch size or URI.
-        state["streams"] = json.dumps([{"uri": source.uri, "id": stream.meta.table_id}
-                                       for source, stream in zip(self.sources, self.streams,
-                                                                 strict=True)])
+        state["streams"] = json.dumps([{"uri": uri, "id": table_id}
+                                       for uri, table_id in self._identities()])
         if not self._plain:
             base_step, starts = self._base
             cursors = self.mix.cursors(self.start_step)
@@ -429,106 +413,49 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             LakestreamError: the state cannot resume here: a batch size or mix it does not
                 fit, or a mix with epochs changed.
         """
-        self._check_streams(state)
-        saved = json.loads(state["mix"]) if "mix" in state else None
+        check_streams(state, self._identities(), self.global_batch_size)
         step = int(state["next_step"])
-        base, keyed = self._base, self._keyed
-        if saved is None:  # one stream, whole steps, in log order
-            b = int(state["global_batch_size"])
-            if b != self.global_batch_size:
-                raise LakestreamError(
-                    f"state was saved reading one stream of global batch size {b}, and "
-                    f"{self.uri} has {self.global_batch_size} samples per step: load it into "
-                    "a dataset over the stream it was saved from")
-            if self.policy.active:  # a policy taking over from log order at that step
-                if "worker_next_step" in state:
-                    raise LakestreamError(
-                        "this loader state was saved in log order, without a read policy; "
-                        "its DataLoader workers would each plan from their own step: resume "
-                        "without the policy, or load the dataset's own state (StreamLoader, "
-                        "save_checkpoint)")
-                self._base = (step, [step * b])
-            elif not self._plain:
-                raise LakestreamError(
-                    f"state was saved by a StreamDataset over one stream in log order, and "
-                    f"{self.uri} mixes, shuffles or repeats: start it at that step with "
-                    f"start_step={step} instead")
-        elif {k: saved.get(k) for k in self._describe()} == self._describe():
-            self._base = (int(saved["base_step"]), [int(x) for x in saved["starts"]])
-            self._keyed = bool(saved.get("keyed", False))
-        else:
-            if "worker_next_step" in state:
-                raise LakestreamError(
-                    f"the mix or read policy changed since this loader state was saved "
-                    f"({saved['sources']}, policy {saved.get('policy')}); "
-                    "its DataLoader workers would each take over at their own step: resume "
-                    "with the mix it was saved with, or load the changed mix from the "
-                    "dataset's own state (StreamLoader, save_checkpoint)")
-            self._rebase(saved, step)
-        if self._base != base or self._keyed != keyed:
+        saved = json.loads(state["mix"]) if "mix" in state else None
+        if saved is None:
+            check_batch_size(state, self.global_batch_size, self.uri)
+        case = Resume.of(saved, self._describe(), policy=self.policy.active, plain=self._plain)
+        if case.plans_again and "worker_next_step" in state:
+            raise refuse_worker_state(saved)
+        base, keyed = self._resumed(case, saved, step)
+        if (base, keyed) != (self._base, self._keyed):
             self._mix = None  # planned again from the loaded base
+        self._base, self._keyed = base, keyed
         self.start_step = step
         info = get_worker_info()
-        same_worker = info is not None and "worker_next_step" in state \
-            and (state.get("worker"), state.get("num_workers")) == (info.id, info.num_workers)
-        self._worker_next = int(state["worker_next_step"]) if same_worker else None
+        self._worker_next = worker_next(state, None if info is None
+                                        else (info.id, info.num_workers))
 
-    def _check_streams(self, state: dict[str, Any]) -> None:
-        """Checks that each stream the state was saved reading is the one this dataset reads
-        at that URI (one stream to one stream: whatever its URI, so a stream moved still
-        resumes).
+    def _resumed(self, case: Resume, saved: dict[str, Any] | None,
+                 step: int) -> tuple[Base, bool]:
+        """Where the steps are planned from after resuming at ``step`` in ``case``, and
+        whether the plan keys permutations by the streams' identities.
 
         Raises:
-            StreamMismatchError: naming both streams.
+            LakestreamError: the case cannot resume (a mix from a state in log order, a mix
+                with epochs changed).
         """
-        if "streams" not in state:  # saved before identities were kept
-            return
-        saved = json.loads(state["streams"])
-        mine = [(source.uri, stream.meta.table_id)
-                for source, stream in zip(self.sources, self.streams, strict=True)]
-        if len(saved) == 1 and len(mine) == 1:
-            pairs = [(saved[0], mine[0])]
-        else:
-            by_uri = dict(mine)
-            pairs = [(s, (s["uri"], by_uri[s["uri"]])) for s in saved if s["uri"] in by_uri]
-        b = int(state["global_batch_size"])
-        sizes = f" (saved for global batch size {b}; this dataset's is " \
-            f"{self.global_batch_size})" if b != self.global_batch_size else ""
-        for theirs, (uri, table_id) in pairs:
-            if theirs["id"] != table_id:
-                raise StreamMismatchError(
-                    f"this state was saved reading the stream {theirs['uri']} (id "
-                    f"{theirs['id']}), and {uri} is another stream (id {table_id}){sizes}: "
-                    "load it into a dataset over the stream it was saved from, or start this "
-                    "one without it")
-
-    def _rebase(self, saved: dict[str, Any], step: int) -> None:
-        if self.epochs is not None or saved.get("epochs") is not None:
+        if case is Resume.LOG_ORDER:
+            return self._base, self._keyed
+        if case is Resume.POLICY_FROM_LOG_ORDER:  # planned one step after another from here
+            return (step, [step * self.global_batch_size]), self._keyed
+        if case is Resume.MIX_FROM_LOG_ORDER:
             raise LakestreamError(
-                f"the state was saved by another mix ({saved['sources']}, epochs "
-                f"{saved.get('epochs')}); a mix with epochs cannot change: resume it as it "
-                "was, or start a new run")
-        cursors = {s["uri"]: int(c) for s, c in zip(saved["sources"], saved["cursors"],
-                                                     strict=True)}
-        before = {s["uri"]: s for s in saved["sources"]}
-        starts = []
-        for source, stream in zip(self.sources, self.streams, strict=True):
-            cursor = cursors.get(source.uri, 0)
-            if source.cycle and self.shuffle_window is not None and source.uri in before:
-                # Its windows are permuted: the same positions name the same samples only if
-                # its permutations are as they were.
-                was = before[source.uri]
-                same = bool(saved.get("keyed")) and was["take"] == source.take \
-                    and was["cycle"] and saved["shuffle_window"] == self.shuffle_window \
-                    and saved["seed"] == self.seed
-                cursor = resume_position(cursor, stream.sealed_at, same_order=same)
-            starts.append(cursor)
-        self._base, self._keyed = (step, starts), True
-        log.warning("the mix changed since the state was saved (%s); each source resumes at "
-                    "its saved position (a cycling shuffled source whose permutations changed "
-                    "at its next epoch), new ones at their start: %s",
-                    [s["uri"] for s in saved["sources"]], dict(zip(
-                        [s.uri for s in self.sources], self._base[1], strict=True)))
+                f"state was saved by a StreamDataset over one stream in log order, and "
+                f"{self.uri} mixes, shuffles or repeats: start it at that step with "
+                f"start_step={step} instead")
+        assert saved is not None
+        if case is Resume.SAME:
+            return (int(saved["base_step"]), [int(x) for x in saved["starts"]]), \
+                bool(saved.get("keyed", False))
+        starts = changed_mix_starts(saved, self.sources, [s.sealed_at for s in self.streams],
+                                    shuffle_window=self.shuffle_window, seed=self.seed,
+                                    epochs=self.epochs)
+        return (step, starts), True
 
     def load_loader_state(self, state: Any) -> list[int] | None:
         """Loads the ``StreamDataset`` state inside a DataLoader's state that resumes
@@ -579,24 +506,3 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             for stream in self.streams:
                 stream.retain(keep_last=self.keep_last)
         return versions[0]
-
-
-def dataset_states(state: Any) -> list[dict[str, Any]]:
-    """Every ``StreamDataset`` state inside a loader's state (a ``StatefulDataLoader`` holds
-    one per worker, each as of the last batch it handed out)."""
-    found: list[dict[str, Any]] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if STATE_KEYS <= node.keys():
-                found.append(node)
-                return
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(state)
-    return found
-

@@ -24,7 +24,7 @@ from lakestream.errors import IncompleteCheckpointError
 from lakestream.loaders import Source, StreamDataset, load_checkpoint, save_checkpoint
 from lakestream.loaders import checkpoint as checkpoint_module
 from lakestream.loaders.checkpoint import StreamMismatchError
-from lakestream.loaders.dataset import dataset_states
+from lakestream.loaders.resume import dataset_states
 from lakestream.store import open_filesystem
 from tests.helpers import SCHEMA, ids, rows, worker_options
 
