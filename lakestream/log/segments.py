@@ -31,7 +31,8 @@ _INTS = ("offset", "rows", "size", "version", "crc32")
 
 class SegmentError(CorruptLogError):
     """An index segment a lookup needs is missing or damaged. A newer snapshot, or the log
-    it was made from while it is retained, still holds the truth: ``Stream`` reopens."""
+    it was made from while it is retained, still holds the truth: the handle's view reopens
+    (``LogView.recover``)."""
 
     def __init__(self, message: str, key: str | None = None) -> None:
         super().__init__(message)

@@ -105,7 +105,7 @@ def parse_option(text: str) -> tuple[str, str]:
 
 
 def parse_group(text: str) -> str:
-    """A consumer group's name (``lakestream.log.check_group``).
+    """A consumer group's name (``lakestream.log.entries.check_group``).
 
     Raises:
         argparse.ArgumentTypeError: not a valid group name.

@@ -9,6 +9,9 @@ other failure, after the client's retries, StoreError; each keeps the S3 error c
 boto3, when installed, only resolves credentials and region from an AWS profile (SSO,
 assume-role, credential_process), the one the options or environment name, else the
 default one of a shared credentials file when nothing else names keys.
+
+Over 400 lines for that reason: the client, its configuration and the mapping of its errors
+stay in the one module that imports it.
 """
 
 from __future__ import annotations

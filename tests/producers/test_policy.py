@@ -166,7 +166,7 @@ def _simulate(producers: int, latency: float, *, write_every: float, windows: in
     ``IntervalController`` fed each commit's window, whether it lost a race, and how many
     entries others committed since; the wait it returns, cut short once half the in-flight
     budget (in fragments) is uploaded, but never shorter than ``gap_windows`` commit windows.
-    A commit follows ``lakestream.transaction``: catch up first after a wait or a lost race
+    A commit follows ``lakestream.log.transaction``: catch up first after a wait or a lost race
     and before the first commit;
     a put lands if no one took its version first; a loser reads the winner, backs off as
     the default ``CommitOptions`` say, reads the tail and puts again. Each writer makes a
