@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lakestream
-from lakestream.plan.choose import FRESH, choose, kept
+from lakestream.plan.choose import FRESH, kept
 from lakestream.read.selected import ReadPolicy, SelectedSteps, Skipped, skipped
 from lakestream.stream import Stream
+from tests.plan.test_choose import _plan, streams
 
 B, G, GROUPS, STEPS = 16, 2, 240, 12
 SCHEMA = pa.schema([("id", pa.int64()), ("tokens", pa.list_(pa.int32())),
@@ -97,11 +98,6 @@ def test_a_rank_outside_the_world_is_refused(stream: Stream, balance: str | None
             steps.read(0, rank, 2)
 
 
-streams = st.integers(4, 60).flatmap(lambda n: st.tuples(
-    st.lists(st.integers(0, 30), min_size=n * G, max_size=n * G),
-    st.lists(st.booleans(), min_size=n, max_size=n)))
-
-
 @settings(max_examples=150, deadline=None)
 @given(streams, st.integers(1, 3), st.none() | st.integers(0, 5), st.booleans())
 def test_every_sample_a_step_passes_over_is_counted_once_with_its_reason(
@@ -109,23 +105,18 @@ def test_every_sample_a_step_passes_over_is_counted_once_with_its_reason(
     versions = np.sort(np.array(sampled[0], np.int64))
     accepted = np.array(sampled[1])
     oldest = versions.reshape(-1, G).min(axis=1)
-    step = cursor = 0
-    while True:
-        lo = cursor // G
-        keep, dropped, stale = kept(step, G, versions[cursor:], accepted[lo:], k, drop)
-        c = choose(step, cursor, G, groups, keep=keep, stale=stale,
-                   costs=np.zeros(len(keep), np.int64))
-        if c is None:
-            return
-        passed = (c.end - cursor) // G
+    cursor = 0
+    for c in _plan(versions, accepted, groups, k, drop):
+        lo, passed = cursor // G, (c.end - cursor) // G
+        keep, dropped, _ = kept(c.step, G, versions[cursor:], accepted[lo:], k, drop)
         count = skipped(keep[:passed], dropped[:passed], G)
         assert c.end - cursor == groups * G + count.stale_dropped + count.filtered
         gone = [gi for gi in range(lo, lo + passed) if gi * G not in c.groups]
-        for_staleness = [gi for gi in gone if k is not None and drop and oldest[gi] < step - k]
+        for_staleness = [gi for gi in gone if k is not None and drop and oldest[gi] < c.step - k]
         assert count.stale_dropped == len(for_staleness) * G
         if k is None or not drop:
             assert count.stale_dropped == 0
-        step, cursor = step + 1, c.end
+        cursor = c.end
 
 
 def test_a_null_version_is_never_stale_and_counts_say_what_was_skipped() -> None:
