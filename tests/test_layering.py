@@ -16,20 +16,18 @@ plan (pure planners) -> read (the read side) -> the ``Stream`` façade -> ops (t
 tools) -> the package's face. A module imports its own wing and lower ones, never a higher
 one. ``lakestream.producers`` and ``lakestream.loaders`` stand above the façade."""
 
-PLACED = {"failpoints": "errors", "schema": "store", "head": "log", "tail": "log",
-          "replay": "log"}
+PLACED = {"failpoints": "errors", "schema": "store", "head": "log"}
 """What is not a folder of its own, and the wing it belongs to: the crash points beside the
-errors, the schema beside the store; ``head`` (the log head readers share) and the two
-forwarding modules (``tail``, ``replay``) stay at the top level while another change to
-``head.py`` and the producers' committer is under way."""
+errors, the schema beside the store; ``head`` (the log head readers share) stays at the top
+level while another change to it is under way."""
 
 LAYERS = {
     "log": (("log.entries", "log.threads"),
             ("log", "log.codec", "log.segments", "log.fragments", "log.progress"),
             ("log.index",),
             ("log.replay",),
-            ("replay", "log.tail", "log.inventory", "log.retention"),
-            ("tail", "log.snapshot"),
+            ("log.tail", "log.inventory", "log.retention"),
+            ("log.snapshot",),
             ("head", "log.opening"),
             ("log.transaction",),
             ("log.view",),
@@ -52,8 +50,8 @@ ALLOWED_UPWARD = {("ops.cli", "demo")}
 
 FORWARDING = {"lakestream.tail": {"lakestream/head.py"},
               "lakestream.replay": {"producers/committer.py"}}
-"""The old paths kept for modules being changed elsewhere, and the only modules that may
-import them."""
+"""The old paths that ``lakestream/__init__.py`` keeps for modules being changed elsewhere,
+and the only modules that may import them."""
 
 
 def _imports(path: Path) -> set[str]:
