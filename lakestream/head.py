@@ -1,14 +1,19 @@
 """The log's head as readers in one process share it: one GET per new version and one poll
-per backoff round for the whole process, however many handles, ranks' readers or threads
+per pacing round for the whole process, however many handles, ranks' readers or threads
 wait on the same stream.
 
 Readers waiting for steps poll the next log version. Alone, each would send its own GETs:
 64 reader threads polling at 100 Hz are 6,400 GETs/s on the log prefix, past what one S3
 prefix serves, each miss billed. Here entries, immutable once written, are cached per
 process (decoded, the newest ``CACHED_ENTRIES`` of each stream), one read of a version is in
-flight at a time, and a version found absent is asked for again only after a backoff that
-doubles from ``POLL_MIN_S`` to ``POLL_MAX_S`` while it stays absent, shared by every reader
-of the process.
+flight at a time, and a version found absent is asked for again only after a pause shared
+by every reader of the process, paced by how often versions have been arriving: half the
+smoothed gap between arrivals, at least ``POLL_MIN_S`` (10 ms: at most 100 polls a second,
+the process's budget for a stream) and at most ``POLL_REST_S`` (50 ms, a stream at rest:
+20 polls a second). So a commit is seen within half a gap of landing on a busy log and
+within 50 ms after a quiet spell; the version reads that find entries are on top (one per
+version committed, inherent to reading the log). A growing backoff paced it before: after a
+quiet spell a commit was seen up to half a second late.
 
 Only readers use this (``Stream.poll``). A committer never does: a cached "absent" could
 hide a rival's commit from the read that must find it.
@@ -28,8 +33,10 @@ from lakestream.store.base import ObjectStore
 from lakestream.tail import read_entry
 
 CACHED_ENTRIES = 256
-POLL_MIN_S = 0.005
-POLL_MAX_S = 0.5
+POLL_MIN_S = 0.01
+POLL_REST_S = 0.05
+GAP_SMOOTHING = 0.3
+"""The weight of the newest gap between arrivals in the smoothed gap."""
 
 
 class SharedHead:
@@ -45,7 +52,10 @@ class SharedHead:
         """The lowest version found absent past ``_top``: it and every version after it
         are absent until ``_retry_at``."""
         self._retry_at = 0.0
-        self._backoff = POLL_MIN_S
+        self._arrived_at: float | None = None
+        """When a version past ``_top`` was last found (monotonic)."""
+        self._gap = 2 * POLL_REST_S
+        """The smoothed time between versions arriving (seconds per version)."""
         self.gets = 0
         """GETs of log entries this process sent through here."""
 
@@ -78,22 +88,47 @@ class SharedHead:
         finally:
             with self._cond:
                 self._reading.discard(version)
+                now = time.monotonic()
                 if entry is not None:
                     self._entries[version] = entry
                     while len(self._entries) > CACHED_ENTRIES:
                         self._entries.popitem(last=False)
-                    self._top = max(self._top, version)
+                    if version > self._top:
+                        self._arrived(now, version - self._top if self._top >= 0 else 1)
+                        self._top = version
                     if self._absent is not None and version >= self._absent:
-                        self._absent, self._backoff = None, POLL_MIN_S  # the log moved on
+                        self._absent = None  # the log moved on
                 elif version > self._top and (self._absent is None or version <= self._absent):
-                    # The head as far as anyone here knows: back off from asking again. A
+                    # The head as far as anyone here knows: pause before asking again. A
                     # read past an absent version (a parallel round's) changes nothing.
-                    self._backoff = min(POLL_MAX_S, self._backoff * 2) \
-                        if version == self._absent else POLL_MIN_S
                     self._absent = version
-                    self._retry_at = time.monotonic() + self._backoff
+                    self._retry_at = now + self.pause_s()
                 self._cond.notify_all()
         return entry
+
+    def _arrived(self, now: float, versions: int) -> None:
+        """Folds a new version's arrival into the smoothed gap between arrivals."""
+        if self._arrived_at is not None:
+            gap = (now - self._arrived_at) / max(1, versions)
+            self._gap += GAP_SMOOTHING * (min(gap, POLL_REST_S * 2) - self._gap)
+        self._arrived_at = now
+
+    def pause_s(self) -> float:
+        """How long a version found absent stays absent for this process: half the smoothed
+        gap between arrivals (one that has not come for longer than the gap counts as a
+        longer gap), within ``[POLL_MIN_S, POLL_REST_S]``."""
+        gap = self._gap
+        if self._arrived_at is not None:
+            gap = max(gap, time.monotonic() - self._arrived_at)
+        return min(POLL_REST_S, max(POLL_MIN_S, gap / 2))
+
+    def wait_s(self) -> float:
+        """Seconds until this process will next ask for the version after its newest: what
+        a reader waiting for it should sleep (0: ask now)."""
+        with self._cond:
+            if self._absent is None:
+                return 0.0
+            return max(0.0, self._retry_at - time.monotonic())
 
     def reader(self, store: ObjectStore) -> Callable[[int], Entry | None]:
         """``entry`` on ``store``, as the log reader ``lakestream.tail.catch_up`` takes."""

@@ -104,6 +104,11 @@ class Stream:
         """
         return self._view.poll()
 
+    def poll_wait_s(self) -> float:
+        """Seconds until ``poll`` can see a version past this handle's view: the pause of
+        the process's shared head (0: poll now)."""
+        return self._view.poll_wait_s()
+
     # -- what the stream holds -----------------------------------------------------------
 
     @property

@@ -30,8 +30,10 @@ class StepReader:
     (``SelectedSteps``).
 
     A step that is not visible yet is waited for by polling the next log entry (a GET, never
-    a LIST, shared by every reader of the stream in the process: ``Stream.poll``), backing
-    off from ``poll_min_s`` to ``poll_max_s``; after ``timeout`` seconds of
+    a LIST, shared by every reader of the stream in the process: ``Stream.poll``), sleeping
+    between polls until the shared head asks the store again (``lakestream.head``: paced by
+    how often commits come, 10 to 50 ms), within ``[poll_min_s, poll_max_s]``; after
+    ``timeout`` seconds of
     waiting for one step, ``StepNotAvailableError`` is raised (``timeout=None`` waits forever).
     Iteration stops at a step past the end of a mix (a sealed source ran out), or at the
     first step still waited for once ``stop`` is set.
@@ -39,7 +41,7 @@ class StepReader:
 
     def __init__(self, steps: Stream | Steps, rank: int, world_size: int, *,
                  columns: list[str] | None = None, prefetch: int = 4, threads: int = 2,
-                 timeout: float | None = None, poll_min_s: float = 0.005,
+                 timeout: float | None = None, poll_min_s: float = 0.001,
                  poll_max_s: float = 0.5, stop: Stop | None = None) -> None:
         if prefetch < 0 or threads < 1:
             raise ValueError("prefetch must be >= 0 and threads >= 1")
@@ -69,11 +71,10 @@ class StepReader:
         if self.steps.ready(step):
             return True
         t0 = time.monotonic()
-        delay = self.poll_min_s
         while True:
             if self.steps.ended(step):
                 return False
-            self.steps.poll()
+            pause = self.steps.poll()
             if self.steps.ready(step):
                 self.wait_s += time.monotonic() - t0
                 return True
@@ -85,14 +86,17 @@ class StepReader:
                     f"{self.timeout}s ({self.steps.committed()} committed); producers "
                     "may be stalled"
                 )
-            pause = max(delay if self.timeout is None else min(delay, self.timeout - waited),
-                        0.0)
+            # Until the shared head asks the store again (paced by how often commits come):
+            # not a backoff of this reader's own, which saw a commit after a quiet spell
+            # up to half a second late.
+            pause = min(self.poll_max_s, max(self.poll_min_s, pause))
+            if self.timeout is not None:
+                pause = max(0.0, min(pause, self.timeout - waited))
             if self.stop is None:
                 time.sleep(pause)
             elif self.stop.wait(pause):
                 self.wait_s += time.monotonic() - t0
                 return False
-            delay = min(self.poll_max_s, delay * 2)
 
     def read(self, steps: Iterable[int]) -> Iterator[tuple[int, pa.Table]]:
         """Yields ``(step, slice)`` for ``steps`` in order."""

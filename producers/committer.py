@@ -39,8 +39,9 @@ class Committer(threading.Thread):
     """Commits what the upload pool hands it, in seq order, one commit at a time.
 
     Adaptive policy: each commit carries every contiguous fragment uploaded since the last,
-    and the wait between commits comes from an ``IntervalController`` fed with this
-    producer's own conflicts and commit windows, cut short once half the writer's in-flight
+    and the wait between commits comes from an ``IntervalController`` fed with what this
+    producer's commits saw (the rival producers whose entries they folded in, the races they
+    lost, the store's round trips), cut short once half the writer's in-flight
     budget is uploaded — but never shorter than ``GAP_WINDOWS`` commit windows, nor than
     ``min_interval_s`` (a commit's own CPU, ~0.5-1 ms on a local disk, taken up to several
     hundred times a second by one fast producer, came out of the encoding's). That gap is
@@ -116,9 +117,8 @@ class Committer(threading.Thread):
 
     def run(self) -> None:
         p = self._p
-        wait_s, gap_s, contended = 0.0, 0.0, False
-        landed: float | None = None  # when our previous commit landed (monotonic)
-        mine: int | None = None  # the version it landed at
+        wait_s, gap_s, contended, first = 0.0, 0.0, False, True
+        mine = -1  # the version our previous commit landed at
         try:
             while True:
                 batch = self._take(wait_s, gap_s)
@@ -130,23 +130,22 @@ class Committer(threading.Thread):
                 # the first commit the view may be as old as the producer.
                 result = p.stream.commit(
                     self._build(batch), self._commit_options,
-                    catch_up=self._adaptive and (wait_s > 0 or contended or mine is None))
+                    catch_up=self._adaptive and (wait_s > 0 or contended or first))
                 if result is not None:
-                    now = time.monotonic()
-                    elapsed_s, landed = (0.0 if landed is None else now - landed), now
+                    first = False
+                    # Rival producers, not entries: those whose appends landed since our
+                    # previous commit, however they were folded in (this commit's catch-up
+                    # and lost races, or the writer's own refreshes).
+                    rivals = p.stream.state.writers_since(mine, besides=p.producer_id)
+                    mine = result.version
                     p.stats.add_commit(result.attempts, result.conflicts, len(batch),
                                        result.latency_s)
                     contended = result.conflicts > 0
-                    # Rival entries since our previous commit, counted from its version:
-                    # the writer's own refreshes move the stream's version in between. For
-                    # the first, the races it lost: entries from before it wrote were none.
-                    others = result.conflicts if mine is None else result.version - mine - 1
-                    mine = result.version
                     if self._adaptive:
-                        # The window, not the latency: catching up after a long wait takes
-                        # long, and read as contention it would lengthen the next wait.
-                        wait_s = self._controller.observe(
-                            result.window_s, contended, others, result.conflicts, elapsed_s)
+                        # The store's round trips, not the latency (catching up after a
+                        # long wait takes long) nor building the entry (it grows with the
+                        # batch); and the rival producers whose entries it folded in.
+                        wait_s = self._controller.observe(result.store_s, rivals)
                         gap_s = max(GAP_WINDOWS * result.window_s, self._min_gap_s)
                 p._on_committed(batch[-1].seq, batch[-1].state, batch)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call

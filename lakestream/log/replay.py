@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,9 @@ from lakestream.log.entries import (
 from lakestream.log.index import FragmentIndex, Removal
 from lakestream.log.segments import Fragment
 from lakestream.store.parse import MAX_INT
+
+RECENT_APPENDS = 256
+"""Appends a state remembers the writers of (``ReplayState.recent``)."""
 
 
 @dataclass
@@ -65,6 +69,10 @@ class ReplayState:
         """Void appends (fenced zombies, duplicates) and their files, for maintenance."""
         self.sealed_at: int | None = None
         """The stream's size in samples when it was sealed; None while it takes appends."""
+        self.recent: deque[tuple[int, str | None]] = deque(maxlen=RECENT_APPENDS)
+        """``(version, producer)`` of the last appends folded in by this state (None:
+        ``Stream.append``'s): who is writing now, for a committer's pacing. Not in
+        snapshots: a state opened from one starts it empty."""
 
 
     def copy(self) -> ReplayState:
@@ -75,6 +83,7 @@ class ReplayState:
         other.registered = dict(self.registered)
         other.voided = list(self.voided)
         other.reclaim_versions = list(self.reclaim_versions)
+        other.recent = self.recent.copy()
         return other
 
     @property
@@ -204,6 +213,7 @@ class ReplayState:
                                   " the log is corrupt")
         self.index.append(version, entry.fragments)
         self.next_offset = offset
+        self.recent.append((version, entry.producer))
         if entry.producer is not None:
             p = self.producers.setdefault(entry.producer, ProducerState())
             p.epoch = max(p.epoch, entry.epoch)
@@ -238,6 +248,13 @@ class ReplayState:
         self.reclaimed_below = max(self.reclaimed_below, entry.below_offset)
         self.reclaim_versions.append(version)
         return True
+
+    def writers_since(self, version: int, *, besides: str | None = None) -> int:
+        """Distinct writers of the appends folded in after ``version`` (``besides`` not
+        counted), as far as ``recent`` reaches back."""
+        found = {p for v, p in reversed(self.recent) if v > version} if self.recent else set()
+        found.discard(besides)
+        return len(found)
 
     def fragments_between(self, lo: int, hi: int) -> list[Fragment]:
         """Live fragments overlapping offsets ``[lo, hi)``, in offset order."""

@@ -77,6 +77,10 @@ class CommitResult:
     building the entry) to the put: how long the commit was exposed to a race. The rest of
     catching up is excluded: it grows with how long the caller waited, not with
     contention."""
+    store_s: float = 0.0
+    """``window_s`` less building and encoding the entry: the store's round trips alone.
+    What the store's speed sets, where ``window_s`` also grows with the entry's size."""
+
     post_commit_errors: int = 0
     """Post-commit steps that failed (logged; the commit itself landed)."""
 
@@ -192,6 +196,7 @@ class Transaction:
             put in flight. Neither says whether the entry landed, so neither allows cleanup.
         """
         o, store = self.options, self.store
+        self._build_s = 0.0
         t0 = time.monotonic()
         deadline = t0 + o.deadline_s
         conflicts = failures = attempt = 0
@@ -209,6 +214,7 @@ class Transaction:
             t_attempt = time.monotonic() if fresh is None else fresh
             fresh = None
             state = self.state
+            t_build = time.monotonic()
             try:
                 entry = self.build(state, self.commit_id)
             except LakestreamError as e:
@@ -217,8 +223,10 @@ class Transaction:
                 return Nothing(state)
             version = state.version + 1
             failpoint("before_commit")
+            data = encode_entry(entry)
+            self._build_s = time.monotonic() - t_build
             try:
-                store.put(log_key(version), encode_entry(entry), mode="create")
+                store.put(log_key(version), data, mode="create")
             except AlreadyExistsError:
                 pass  # lost the race, or an earlier attempt of ours landed: read the winner
             except StoreError:
@@ -348,6 +356,7 @@ class Transaction:
                             getattr(step, "__name__", step), version, self.store.uri,
                             exc_info=True)
         result = CommitResult(version, entry, attempts, conflicts, time.monotonic() - t0,
-                              window, errors)
+                              window, store_s=max(0.0, window - self._build_s),
+                              post_commit_errors=errors)
         return Landed(result, self.state)
 

@@ -86,6 +86,11 @@ class LogView:
         head = shared_head(self.store, self._state.stream_meta.created_ms)
         return self._catch_up(head.reader(self.store))
 
+    def poll_wait_s(self) -> float:
+        """Seconds until ``poll`` can see a version past the view: the pause of the
+        process's shared head (0: poll now)."""
+        return shared_head(self.store, self._state.stream_meta.created_ms).wait_s()
+
     def _catch_up(self, read: ReadEntry | None) -> int:
         """The one catch-up of the view: ``read`` reads a version (None: a GET)."""
         seen = self._state

@@ -315,8 +315,9 @@ class SelectedSteps:
     def ready(self, step: int) -> bool:
         return self._plan(step)
 
-    def poll(self) -> None:
+    def poll(self) -> float:
         self.stream.poll()
+        return self.stream.poll_wait_s()
 
     def committed(self) -> str:
         return f"{self.stream.num_samples} samples in {self.uri}"

@@ -107,7 +107,9 @@ class Steps(Protocol):
     def check_world(self, world_size: int) -> None: ...
     def ready(self, step: int) -> bool: ...
     def ended(self, step: int) -> bool: ...
-    def poll(self) -> None: ...
+    def poll(self) -> float:
+        """Reads what was committed since; returns the seconds until polling again can see
+        more (the pacing of the process's shared heads: ``lakestream.head``)."""
     def committed(self) -> str: ...
     def read(self, step: int, rank: int, world_size: int,
              columns: list[str] | None = None) -> pa.Table: ...
@@ -199,9 +201,10 @@ class MixSteps:
         return all(n <= s.num_samples for n, s in zip(plan.needed(step), self.streams,
                                                       strict=True))
 
-    def poll(self) -> None:
+    def poll(self) -> float:
         for s in self.streams:
             s.poll()
+        return min(s.poll_wait_s() for s in self.streams)
 
     def committed(self) -> str:
         """What the sources hold, for messages."""

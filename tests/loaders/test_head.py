@@ -72,3 +72,81 @@ def test_a_stream_created_again_in_the_same_place_is_not_served_old_entries(tmp_
     fresh.poll()
     assert fresh.num_samples == 2 * B
     assert fresh.read_step(0).column("id").to_pylist() == list(range(100, 100 + B))
+
+
+def test_a_commit_after_a_quiet_spell_is_seen_within_the_rest_poll(tmp_path,
+                                                                  monkeypatch) -> None:
+    """Regression: a version found absent was asked for again after a backoff that grew to
+    half a second, and the reader slept its own growing backoff on top: a commit after a
+    quiet spell was seen up to ~1 s late. Now the pause is half the gap between arrivals,
+    10 to 50 ms, and the reader sleeps until the process's head asks again."""
+    from lakestream.head import POLL_REST_S
+    from lakestream.loaders.reader import StepReader
+
+    gets: Counter[str] = Counter()
+    real_get = LocalStore.get
+
+    def counted(self: LocalStore, key: str, **kwargs: object) -> bytes:
+        if key.startswith("_delta_log/"):
+            gets["log"] += 1
+        return real_get(self, key, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LocalStore, "get", counted)
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
+    reader = StepReader(lakestream.open(s.uri), 0, 1, timeout=10)
+    lags = []
+    for step in range(3):
+        quiet = 1.5
+        timer = threading.Timer(quiet, lambda k=step: s.append(rows(B * k, B)))
+        t0 = time.monotonic()
+        timer.start()
+        before = gets["log"]
+        assert reader.wait_visible(step)
+        lags.append(time.monotonic() - t0 - quiet)
+        # At rest the process polls at most every POLL_REST_S (plus the read that finds it).
+        assert gets["log"] - before <= quiet / POLL_REST_S + 5
+    assert max(lags) < POLL_REST_S + 0.05, lags
+
+
+def test_a_busy_log_is_polled_within_the_budget(tmp_path, monkeypatch) -> None:
+    """Polls (reads that find nothing) stay within 100 a second however fast commits come;
+    the reads that find entries are one per version committed."""
+    from lakestream.head import POLL_MIN_S
+    from lakestream.loaders.reader import StepReader
+
+    misses: Counter[str] = Counter()
+    real_get = LocalStore.get
+
+    def counted(self: LocalStore, key: str, **kwargs: object) -> bytes:
+        try:
+            return real_get(self, key, **kwargs)  # type: ignore[arg-type]
+        except lakestream.NotFoundError:
+            if key.startswith("_delta_log/"):
+                misses["log"] += 1
+            raise
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
+    stop = threading.Event()
+
+    def write() -> None:
+        k = 0
+        while not stop.is_set():
+            s.append(rows(B * k, B))
+            k += 1
+            time.sleep(0.003)
+
+    monkeypatch.setattr(LocalStore, "get", counted)
+    writer = threading.Thread(target=write)
+    writer.start()
+    reader = StepReader(lakestream.open(s.uri), 0, 1, timeout=10)
+    t0 = time.monotonic()
+    step = 0
+    try:
+        while time.monotonic() - t0 < 2.0:
+            assert reader.wait_visible(step)
+            step += 1
+    finally:
+        stop.set()
+        writer.join()
+    assert step > 100  # it kept up with the writer
+    assert misses["log"] <= (time.monotonic() - t0) / POLL_MIN_S + 5, misses

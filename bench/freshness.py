@@ -1,0 +1,307 @@
+"""Freshness benchmark: how soon a sample written by a producer is seen by a tailing trainer.
+
+Usage: .venv/bin/python bench/freshness.py [--producers 1 4 8] [--stores local s3]
+       [--rate 100] [--duration 6] [--reps 3]
+Writes bench/results/freshness.json and bench/results/freshness.png.
+
+N producer processes each write one GRPO group (16 samples, ~16 KB) every 1/rate seconds, on
+a fixed schedule, and record when each ``write()`` was called. One reader process tails the
+stream as a StreamDataset does: ``StepReader.wait_visible`` for step after step, which polls
+the log through the process's shared head. After every poll it records the time and what
+the view holds (each producer's committed seq, the samples committed). From that:
+
+- committed-visible: from a group's ``write()`` to the reader's first view holding its seq;
+- step-readable: from a group's ``write()`` to the reader's first view holding the whole step
+  its samples fall in (global batch 64: four groups);
+- commits per producer, and the reader's GETs of log entries per second, under load and at
+  rest (two seconds of no writes before the producers start).
+
+Configurations run interleaved, repetition by repetition; each figure is the median
+repetition with its min-max. The local store is a folder on tmpfs (``--local-dir``); S3 is
+a SeaweedFS server on 127.0.0.1 started here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import payload  # noqa: E402
+from reps import median  # noqa: E402
+from spawn import run_workers  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+GROUP, B = 16, 64
+REST_S = 2.0
+"""Seconds the reader tails an idle stream before the producers start (its GETs at rest)."""
+
+
+def _group(k: int, n: int) -> Any:
+    table = payload.rollouts(GROUP, GROUP, seed=n % 8, min_tokens=64, max_tokens=192)
+    return table.set_column(0, "prompt_id", payload.pa.array([k * 1_000_000 + n] * GROUP,
+                                                             payload.pa.int64()))
+
+
+def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
+              duration: float, rate: float, out: Any) -> None:
+    from lakestream.producers import Producer
+
+    groups = [_group(k, n) for n in range(8)]
+    sent: list[float] = []
+    landed: list[tuple[float, int]] = []  # (when, last seq) of each commit, as the writer saw
+    with Producer(uri, f"p{k}", storage_options=options) as p:
+        on_committed = p._on_committed
+
+        def noted(last_seq: int, *args: Any) -> None:
+            landed.append((time.time(), last_seq))
+            on_committed(last_seq, *args)
+
+        p._on_committed = noted  # type: ignore[method-assign]
+        time.sleep(max(0.0, start_at - time.time()))
+        for n in range(int(duration * rate)):
+            time.sleep(max(0.0, start_at + n / rate - time.time()))
+            sent.append(time.time())
+            p.write(groups[n % 8])
+        p.flush()
+        out.put({"k": k, "sent": sent, "landed": landed, "commits": p.stats.commits,
+                 "conflicts": p.stats.conflicts, "attempts": p.stats.attempts})
+
+
+def _reader(uri: str, options: dict[str, str] | None, start_at: float, until: float,
+            expected: int, out: Any) -> None:
+    import lakestream
+    from lakestream.loaders.reader import StepReader
+    from lakestream.steps import MixSteps
+
+    stream = lakestream.open(uri, storage_options=options)
+    gets = {"n": 0}
+    real_get = stream.store.get
+
+    def counted(key: str, **kwargs: Any) -> bytes:
+        if key.startswith("_delta_log/"):
+            gets["n"] += 1
+        return real_get(key, **kwargs)
+
+    stream.store.get = counted  # type: ignore[method-assign]
+    steps = MixSteps.single(stream)
+    views: list[tuple[float, dict[str, int], int]] = []
+    poll = steps.poll
+
+    def recorded() -> Any:
+        pause = poll()
+        s = stream.state
+        views.append((time.time(), {p: ps.seq for p, ps in s.producers.items()},
+                      s.next_offset))
+        return pause
+
+    steps.poll = recorded  # type: ignore[method-assign]
+    reader = StepReader(steps, 0, 1, timeout=None)
+    rest_gets = 0
+    step = 0
+    while time.time() < until and stream.num_samples < expected:
+        if time.time() >= start_at and rest_gets == 0:
+            rest_gets = max(1, gets["n"])
+        if steps.ready(step):
+            step += 1
+            continue
+        # One wait at a time, bounded, so that the loop sees the clock.
+        reader.timeout = max(0.05, until - time.time())
+        try:
+            reader.wait_visible(step)
+        except lakestream.StepNotAvailableError:
+            break
+    stream.refresh()
+    offsets: dict[str, list[tuple[int, int]]] = {}
+    for f in stream.state.all_fragments():  # data/<producer>/<epoch>-<seq>-<uuid>.parquet
+        _, producer, name = f.path.split("/")
+        offsets.setdefault(producer, []).append((int(name.split("-")[1]), f.offset))
+    out.put({"views": views, "gets": gets["n"], "rest_gets": rest_gets, "offsets": offsets})
+
+
+def _worker(kind: str, *args: Any) -> None:
+    (_reader if kind == "r" else _producer)(*args)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * (len(xs) - 1)))]
+
+
+def run(store: str, producers: int, rate: float, duration: float, tmp: str,
+        s3: dict[str, str] | None) -> dict[str, Any]:
+    import lakestream
+
+    uri = f"s3://lakestream-test/fresh-{time.time_ns()}" if store == "s3" else \
+        f"{tmp}/fresh-{time.time_ns()}"
+    options = s3 if store == "s3" else None
+    lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=B, group_size=GROUP,
+                      storage_options=options)
+    now = time.time()
+    start_at = now + 3.0 + REST_S  # producers open (fence) first, then wait
+    until = start_at + duration + 30.0  # a reader far behind still sees everything
+    expected = producers * int(duration * rate) * GROUP
+    results = run_workers(
+        _worker,
+        [("r", uri, options, start_at, until, expected)] + [
+            ("p", uri, options, k, start_at, duration, rate) for k in range(producers)],
+        timeout=duration + 120)
+    reader = next(r for r in results if "views" in r)
+    sent = {f"p{r['k']}": r["sent"] for r in results if "sent" in r}
+    landed = {f"p{r['k']}": r["landed"] for r in results if "sent" in r}
+    commits = {f"p{r['k']}": r["commits"] for r in results if "sent" in r}
+    conflicts = sum(r["conflicts"] for r in results if "sent" in r)
+    attempts = sum(r["attempts"] for r in results if "sent" in r)
+    views = reader["views"]
+    committed = [v[2] for v in views]  # never decreases
+    visible: dict[str, list[float]] = {}
+    readable: dict[str, list[float]] = {}
+    committed_at: dict[str, list[float]] = {}  # write() -> the writer's commit landed
+    for p, times in sent.items():
+        seq_offset = dict(reader["offsets"].get(p, []))
+        vis, red = [], []
+        i = 0
+        for seq, t in enumerate(times):
+            while i < len(views) and views[i][1].get(p, -1) < seq:
+                i += 1
+            if i < len(views):
+                vis.append(views[i][0] - t)
+            offset = seq_offset.get(seq)
+            if offset is not None:
+                k = bisect.bisect_left(committed, (offset // B + 1) * B)
+                if k < len(views):
+                    red.append(views[k][0] - t)
+        visible[p], readable[p] = vis, red
+        marks, com, m = landed[p], [], 0
+        for seq, t in enumerate(times):
+            while m < len(marks) and marks[m][1] < seq:
+                m += 1
+            if m < len(marks):
+                com.append(marks[m][0] - t)
+        committed_at[p] = com
+    loaded_s = max(1e-9, views[-1][0] - start_at) if views else 1.0
+    rows = {p: {"p50_ms": 1e3 * _pct(v, 0.5), "p99_ms": 1e3 * _pct(v, 0.99),
+                "max_ms": 1e3 * max(v), "n": len(v), "commits": commits[p],
+                "readable_p50_ms": 1e3 * _pct(readable[p], 0.5) if readable[p] else None,
+                "readable_p99_ms": 1e3 * _pct(readable[p], 0.99) if readable[p] else None}
+            for p, v in visible.items() if v}
+    allv = [x for v in visible.values() for x in v]
+    p99s = [r["p99_ms"] for r in rows.values()]
+    cs = list(commits.values())
+    return {
+        "store": store, "producers": producers, "rate": rate, "duration": duration,
+        "p50_ms": 1e3 * _pct(allv, 0.5), "p99_ms": 1e3 * _pct(allv, 0.99),
+        "max_ms": 1e3 * max(allv),
+        "readable_p99_ms": 1e3 * _pct([x for v in readable.values() for x in v], 0.99),
+        "landed_p50_ms": 1e3 * _pct([x for v in committed_at.values() for x in v], 0.5),
+        "landed_p99_ms": 1e3 * _pct([x for v in committed_at.values() for x in v], 0.99),
+        "worst_over_best_p99": max(p99s) / max(1e-9, min(p99s)),
+        "commits_max_over_min": max(cs) / max(1, min(cs)),
+        "conflict_rate": conflicts / max(1, attempts),
+        "gets_per_s_at_rest": reader["rest_gets"] / REST_S,
+        "gets_per_s_loaded": (reader["gets"] - reader["rest_gets"]) / loaded_s,
+        "per_producer": rows,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--producers", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--stores", nargs="+", default=["local", "s3"])
+    ap.add_argument("--rate", type=float, default=100.0, help="writes per second per producer")
+    ap.add_argument("--duration", type=float, default=6.0)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--local-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else None,
+                    help="where local streams go (default tmpfs: the disk's file creation, "
+                         "~1 ms a file here, is not what is measured)")
+    ap.add_argument("--out", default=str(RESULTS / "freshness.json"))
+    args = ap.parse_args()
+    server = None
+    s3 = None
+    if "s3" in args.stores:
+        from tests.s3server import start_s3
+
+        server = start_s3()
+        s3 = server.options()
+    runs = []
+    try:
+        with tempfile.TemporaryDirectory(dir=args.local_dir) as tmp:
+            for rep in range(args.reps):
+                for store in args.stores:
+                    for n in args.producers:
+                        r = run(store, n, args.rate, args.duration, tmp, s3)
+                        r["rep"] = rep
+                        runs.append(r)
+                        print(f"rep {rep} {store:5} {n} producers: p50 {r['p50_ms']:6.1f} "
+                              f"p99 {r['p99_ms']:6.1f} max {r['max_ms']:6.1f} ms; "
+                              f"step-readable p99 {r['readable_p99_ms']:6.1f} ms; worst/best "
+                              f"p99 {r['worst_over_best_p99']:.2f}; landed p50/p99 "
+                              f"{r['landed_p50_ms']:.1f}/{r['landed_p99_ms']:.1f} ms; "
+                              f"commits max/min "
+                              f"{r['commits_max_over_min']:.2f}; conflicts "
+                              f"{100 * r['conflict_rate']:.0f}%; GETs/s rest "
+                              f"{r['gets_per_s_at_rest']:.0f} loaded "
+                              f"{r['gets_per_s_loaded']:.0f}", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    summary = []
+    for store in args.stores:
+        for n in args.producers:
+            mine = [r for r in runs if r["store"] == store and r["producers"] == n]
+            row: dict[str, Any] = {"store": store, "producers": n}
+            for key in ("p50_ms", "p99_ms", "max_ms", "readable_p99_ms", "landed_p50_ms",
+                        "landed_p99_ms", "worst_over_best_p99",
+                        "commits_max_over_min", "conflict_rate", "gets_per_s_at_rest",
+                        "gets_per_s_loaded"):
+                xs = [r[key] for r in mine]
+                row[key] = {"median": median(xs), "min": min(xs), "max": max(xs)}
+            summary.append(row)
+    result = {"machine": f"{platform.node()}: {platform.platform()}, "
+                         f"{len(__import__('os').sched_getaffinity(0))} cores",
+              "args": vars(args), "summary": summary, "runs": runs}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    plot(summary, Path(args.out).with_suffix(".png"))
+    for row in summary:
+        print(json.dumps({k: (v["median"] if isinstance(v, dict) else v)
+                          for k, v in row.items()}))
+
+
+def plot(summary: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for store in dict.fromkeys(r["store"] for r in summary):
+        rows = [r for r in summary if r["store"] == store]
+        xs = [r["producers"] for r in rows]
+        for key, style in (("p50_ms", "o--"), ("p99_ms", "o-")):
+            ys = [r[key]["median"] for r in rows]
+            err = [[r[key]["median"] - r[key]["min"] for r in rows],
+                   [r[key]["max"] - r[key]["median"] for r in rows]]
+            ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3, label=f"{store} {key[:3]}")
+    ax.set_xlabel("producers (100 writes/s each)")
+    ax.set_ylabel("write() -> committed and visible, ms")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("freshness: medians of interleaved repetitions, min-max bars")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
