@@ -9,7 +9,7 @@ DataLoader workers of one process are; one producer process appends a step every
 loader does (``StepReader.wait_visible``) and notes when it became visible; latency is that
 minus the step's commit. Readers do not decode the steps: 64 decoding threads would measure
 2 cores' decoding, not the tailing. Readers of one process share one
-poll of the log head (``lakestream/head.py``); readers in separate processes each poll, so
+poll of the log head (``lakestream/log/head.py``); readers in separate processes each poll, so
 there the GETs grow with the processes (not measured here).
 
 Usage: .venv/bin/python bench/tailing.py [--readers 1 64] [--steps 100] [--interval 0.05]

@@ -98,7 +98,7 @@ class Stream:
     def poll(self) -> int:
         """``refresh`` for readers waiting at the head: entries come through this process's
         ``SharedHead``, so the process sends one GET per new version and one per backoff
-        round however many handles of the stream poll (``lakestream/head.py``); behind the
+        round however many handles of the stream poll (``lakestream/log/head.py``); behind the
         head the same parallel rounds as ``refresh``. Returns the version now seen.
         Committers refresh instead: they must see every rival at once.
         """

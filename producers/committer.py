@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.errors import ProducerFencedError
 from lakestream.log import Append, Entry, FragmentRef
+from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.producers.policy import IntervalController
-from lakestream.replay import ReplayState, refuse_if_sealed
 
 if TYPE_CHECKING:
     from lakestream.producers.producer import Producer

@@ -16,10 +16,9 @@ plan (pure planners) -> read (the read side) -> the ``Stream`` façade -> ops (t
 tools) -> the package's face. A module imports its own wing and lower ones, never a higher
 one. ``lakestream.producers`` and ``lakestream.loaders`` stand above the façade."""
 
-PLACED = {"failpoints": "errors", "schema": "store", "head": "log"}
+PLACED = {"failpoints": "errors", "schema": "store"}
 """What is not a folder of its own, and the wing it belongs to: the crash points beside the
-errors, the schema beside the store; ``head`` (the log head readers share) stays at the top
-level while another change to it is under way."""
+errors, the schema beside the store."""
 
 LAYERS = {
     "log": (("log.entries", "log.threads"),
@@ -28,7 +27,7 @@ LAYERS = {
             ("log.replay",),
             ("log.tail", "log.inventory", "log.retention"),
             ("log.snapshot",),
-            ("head", "log.opening"),
+            ("log.head", "log.opening"),
             ("log.transaction",),
             ("log.view",),
             ("log.commits", "log.gc")),
@@ -47,12 +46,6 @@ down too (records below replay, replay below snapshots, snapshots below the comm
 
 ALLOWED_UPWARD = {("ops.cli", "demo")}
 """The CLI's demo verb starts the application built on every layer (imported lazily)."""
-
-FORWARDING = {"lakestream.tail": {"lakestream/head.py"},
-              "lakestream.replay": {"producers/committer.py"}}
-"""The old paths that ``lakestream/__init__.py`` keeps for modules being changed elsewhere,
-and the only modules that may import them."""
-
 
 def _imports(path: Path) -> set[str]:
     found = set()
@@ -94,7 +87,7 @@ def test_core_imports_point_down() -> None:
     for path in (ROOT / "lakestream").rglob("*.py"):
         me = _module(path)
         for name in _imports(path):
-            if not name.startswith("lakestream.") or name in FORWARDING:
+            if not name.startswith("lakestream."):
                 continue
             other = name.removeprefix("lakestream.")
             assert _wing(other) not in ("producers", "loaders"), f"{path} imports {name}"
@@ -111,14 +104,6 @@ def test_producers_and_loaders_stand_on_the_facade_not_on_the_tools() -> None:
     for folder in ("producers", "loaders"):
         for path in (ROOT / folder).rglob("*.py"):
             assert not any(n.startswith("lakestream.ops") for n in _imports(path)), path
-
-
-def test_the_forwarding_modules_serve_only_the_modules_changed_elsewhere() -> None:
-    for folder in ("lakestream", "producers", "loaders", "tests", "bench", "demo"):
-        for path in (ROOT / folder).rglob("*.py"):
-            rel = str(path.relative_to(ROOT))
-            for name in _imports(path) & FORWARDING.keys():
-                assert rel in FORWARDING[name], f"{rel} imports {name}: import its new path"
 
 
 def test_the_log_reader_is_read_from_its_own_module() -> None:

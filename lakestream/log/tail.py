@@ -17,7 +17,7 @@ SLOW_ROUND_S = 0.002
 
 ReadEntry = Callable[[int], "Entry | None"]
 """Reads one log version: its entry, or None if it is absent. ``entry_or_none`` on a store,
-or the process's shared head (``lakestream.head``) for readers waiting at the head."""
+or the process's shared head (``lakestream.log.head``) for readers waiting at the head."""
 
 
 def read_entry(store: ObjectStore, version: int) -> Entry:

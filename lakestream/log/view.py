@@ -15,8 +15,8 @@ import threading
 import time
 
 from lakestream.errors import LogCompactedError, StoreError
-from lakestream.head import shared_head
 from lakestream.log.entries import REOPEN_IDLE_S
+from lakestream.log.head import shared_head
 from lakestream.log.opening import load_state, replay_log
 from lakestream.log.replay import ReplayState
 from lakestream.log.segments import SegmentError
@@ -80,7 +80,7 @@ class LogView:
         return self._catch_up(None)
 
     def poll(self) -> int:
-        """``refresh`` through this process's ``SharedHead`` (``lakestream/head.py``): one GET
+        """``refresh`` through this process's ``SharedHead`` (``lakestream/log/head.py``): one GET
         per new version and one per backoff round for every handle of the stream that waits
         at the head. Committers refresh instead: they must see every rival at once."""
         head = shared_head(self.store, self._state.stream_meta.created_ms)

@@ -80,8 +80,8 @@ def test_a_commit_after_a_quiet_spell_is_seen_within_the_rest_poll(tmp_path,
     half a second, and the reader slept its own growing backoff on top: a commit after a
     quiet spell was seen up to ~1 s late. Now the pause is half the gap between arrivals,
     10 to 50 ms, and the reader sleeps until the process's head asks again."""
-    from lakestream.head import POLL_REST_S
     from lakestream.loaders.reader import StepReader
+    from lakestream.log.head import POLL_REST_S
 
     gets: Counter[str] = Counter()
     real_get = LocalStore.get
@@ -111,8 +111,8 @@ def test_a_commit_after_a_quiet_spell_is_seen_within_the_rest_poll(tmp_path,
 def test_a_busy_log_is_polled_within_the_budget(tmp_path, monkeypatch) -> None:
     """Polls (reads that find nothing) stay within 100 a second however fast commits come;
     the reads that find entries are one per version committed."""
-    from lakestream.head import POLL_MIN_S
     from lakestream.loaders.reader import StepReader
+    from lakestream.log.head import POLL_MIN_S
 
     misses: Counter[str] = Counter()
     real_get = LocalStore.get

@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 from lakestream.errors import NotFoundError
 from lakestream.log import Entry
+from lakestream.log.tail import read_entry
 from lakestream.store.base import ObjectStore
-from lakestream.tail import read_entry
 
 CACHED_ENTRIES = 256
 POLL_MIN_S = 0.01
@@ -131,7 +131,7 @@ class SharedHead:
             return max(0.0, self._retry_at - time.monotonic())
 
     def reader(self, store: ObjectStore) -> Callable[[int], Entry | None]:
-        """``entry`` on ``store``, as the log reader ``lakestream.tail.catch_up`` takes."""
+        """``entry`` on ``store``, as the log reader ``lakestream.log.tail.catch_up`` takes."""
         return lambda version: self.entry(store, version)
 
 
