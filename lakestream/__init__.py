@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from lakestream.errors import (
     AlreadyExistsError,
     CommitConflictError,
@@ -21,17 +19,9 @@ from lakestream.errors import (
     StreamSealedError,
     TooLargeError,
 )
-from lakestream.log import replay as _replay
-from lakestream.log import tail as _tail
-
-# lakestream/head.py and producers/committer.py, being changed elsewhere, still import the
-# log reader and replay at their old paths: those names stand for the log wing's modules
-# until they import these (tests/test_layering.py keeps every other module off them).
-sys.modules.setdefault("lakestream.tail", _tail)
-sys.modules.setdefault("lakestream.replay", _replay)
-
-from lakestream.log.replay import Marker  # noqa: E402
-from lakestream.stream import Stream, create, open  # noqa: E402
+from lakestream.log.replay import Marker
+from lakestream.schema.tensors import tensor_field
+from lakestream.stream import Stream, create, open
 
 __version__ = "0.1.0"
 
@@ -55,4 +45,5 @@ __all__ = [
     "TooLargeError",
     "create",
     "open",
+    "tensor_field",
 ]

@@ -4,9 +4,15 @@ Default (``collate="padded"``), for a slice of n samples:
 - fixed-width columns (ints, floats, bools) -> a tensor of shape ``[n]``;
 - list columns (tokens, log-probs) -> ``name``: ``[n, max_len]`` padded with 0, and
   ``name_lengths``: ``[n]`` (int64); a null list is empty, a null value in one is 0;
-- strings and binaries -> a Python list of n values.
+- tensor columns (``lakestream.schema.tensors.tensor_field``: images, audio frames,
+  embeddings) -> one contiguous ``[n, *shape]`` tensor of their dtype, copied once out of the
+  decoded column (a null row is zeros);
+- binary columns (encoded images, audio) -> ``name``: the ``[total]`` uint8 bytes of all rows
+  and ``name_offsets``: ``[n + 1]`` (int64), row i being ``bytes[offsets[i]:offsets[i+1]]``
+  (a null row is empty): no Python object per row;
+- strings -> a Python list of n values.
 
-``collate="packed"`` keeps list columns jagged: ``name``: the ``[total]`` flat values and
+``collate="packed"`` keeps list columns jagged too: ``name``: the ``[total]`` flat values and
 ``name_offsets``: ``[n + 1]`` (int64), sample i being ``values[offsets[i]:offsets[i+1]]``.
 A callable receives the ``pyarrow.Table`` and may return anything.
 """
@@ -20,6 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
+
+from lakestream.errors import CorruptLogError
+from lakestream.schema.tensors import TensorSpec, tensor_spec
 
 Collate = Callable[[pa.Table], Any]
 
@@ -109,6 +118,69 @@ def _pack(chunks: list[tuple[np.ndarray, np.ndarray]], dtype: np.dtype[Any], sha
     return tensor, _copy(np.concatenate(starts), shared)
 
 
+def _binary_chunks(column: pa.ChunkedArray) -> list[tuple[pa.Buffer | None, np.ndarray]]:
+    """(data buffer, offsets into it) of each chunk of a binary column, a null row spanning
+    no bytes: the bytes are copied out where they lie, once."""
+    out = []
+    for arr in column.chunks:
+        if arr.null_count:
+            arr = pc.if_else(pc.is_valid(arr), arr, pa.scalar(b"", arr.type))
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], np.int32, len(arr) + 1, arr.offset * 4) \
+            if len(arr) else np.zeros(1, np.int32)
+        out.append((bufs[2], offsets.astype(np.int64)))
+    return out
+
+
+def _bytes(chunks: list[tuple[pa.Buffer | None, np.ndarray]], shared: bool
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A binary column as its concatenated bytes and ``[n + 1]`` offsets into them."""
+    total = sum(int(o[-1] - o[0]) for _, o in chunks)
+    tensor, out = _zeros((total,), np.dtype(np.uint8), shared)
+    starts, at = [np.zeros(1, np.int64)], 0
+    for data, offsets in chunks:
+        a, b = int(offsets[0]), int(offsets[-1])
+        if b > a:
+            assert data is not None
+            out[at:at + b - a] = np.frombuffer(data, np.uint8, b - a, a)
+        starts.append(offsets[1:] - a + at)
+        at += b - a
+    return tensor, _copy(np.concatenate(starts), shared)
+
+
+def _tensor(name: str, chunks: list[tuple[pa.Buffer | None, np.ndarray]], spec: TensorSpec,
+            shared: bool) -> torch.Tensor:
+    """A tensor column as one ``[n, *shape]`` tensor (null rows as zeros).
+
+    Raises:
+        CorruptLogError: a row that is neither a whole array nor null (a writer that went
+            around the producer's checks).
+    """
+    n = sum(len(o) - 1 for _, o in chunks)
+    tensor, out = _zeros((n, spec.nbytes), np.dtype(np.uint8), shared)
+    row = 0
+    for data, offsets in chunks:
+        lengths = np.diff(offsets)
+        k = len(lengths)
+        if not np.all((lengths == spec.nbytes) | (lengths == 0)):
+            raise CorruptLogError(
+                f"column {name} holds a value of {int(lengths[lengths != spec.nbytes][0])} "
+                f"bytes; its {spec.shape} {spec.dtype} tensors are {spec.nbytes} bytes")
+        a = int(offsets[0])
+        if data is not None and np.all(lengths == spec.nbytes):  # the common case: one copy
+            out[row:row + k] = np.frombuffer(data, np.uint8, k * spec.nbytes, a).reshape(
+                k, spec.nbytes)
+        elif data is not None:
+            for j in np.flatnonzero(lengths).tolist():
+                start = int(offsets[j])
+                out[row + j] = np.frombuffer(data, np.uint8, spec.nbytes, start)
+        row += k
+    if spec.dtype == "bfloat16":
+        return tensor.view(torch.int16).view(torch.bfloat16).view(n, *spec.shape)
+    kind = torch.from_numpy(np.empty(0, spec.numpy_dtype)).dtype
+    return tensor.view(kind).view(n, *spec.shape)
+
+
 def collate_table(table: pa.Table, mode: str = "padded", *,
                   shared: bool = False) -> dict[str, Any]:
     """The default collate (see the module docstring for shapes). ``shared`` puts the
@@ -132,6 +204,13 @@ def collate_table(table: pa.Table, mode: str = "padded", *,
             else:
                 out[field.name], lengths = _pad(chunks, dtype, shared)
                 out[f"{field.name}_lengths"] = _copy(lengths, shared)
+        elif pa.types.is_binary(t):
+            spec = tensor_spec(field)
+            if spec is not None:
+                out[field.name] = _tensor(field.name, _binary_chunks(col), spec, shared)
+            else:
+                out[field.name], out[f"{field.name}_offsets"] = _bytes(_binary_chunks(col),
+                                                                        shared)
         elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) \
                 and not col.null_count:
             out[field.name] = _copy(col.to_numpy(), shared)

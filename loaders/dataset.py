@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import logging
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakestream.errors import LakestreamError, PermissionDeniedError
 from lakestream.loaders.collate import Collate, collate_table
+from lakestream.loaders.device import Delivery
+from lakestream.loaders.host import default_prefetch, default_read_threads
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader, Stop
@@ -103,7 +105,20 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         start_step: the first step to read. max_steps: iteration stops before this step.
         columns: the columns to read (all if None). timeout: seconds to wait for a step
             (None waits forever). collate: "padded", "packed" or a callable on the table.
-        prefetch: steps decoded ahead, in background threads.
+        transform: a function of each collated batch (decoding images, resizing,
+            augmenting) whose result is yielded instead; it runs in the read threads (in
+            each DataLoader worker's, with workers), beside decoding, never in the
+            training loop's thread. Defined at a module's top level if workers are used.
+        read_threads: threads reading, collating and transforming steps; None: this rank's
+            share of the host's cores less one (``loaders/host.py``: ``LOCAL_WORLD_SIZE``
+            ranks share the cores, a DataLoader's workers share the rank's), at least 2.
+        prefetch: steps read ahead, in those threads; None: one per thread and two more.
+        pin_memory: deliver batches in pinned memory, pinned in the read threads (needs
+            CUDA). device: e.g. "cuda": deliver batches there, copied in the read threads on
+            their own CUDA streams ahead of use (the batch is ready for the consumer's
+            current stream without a host wait). Both apply when the dataset is iterated in
+            the trainer process; with DataLoader workers, pass ``pin_memory=True`` to the
+            loader instead.
         progress_interval_s: how often rank 0 publishes progress (for producers'
             ``max_lag_steps``), from a background thread that stops when iteration ends or
             on ``close``; 0 disables it.
@@ -126,7 +141,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                  columns: list[str] | None = None, timeout: float | None = None,
                  collate: str | Collate = "padded", *,
                  storage_options: dict[str, str] | None = None,
-                 max_steps: int | None = None, prefetch: int = 4, read_threads: int = 2,
+                 max_steps: int | None = None, prefetch: int | None = None,
+                 read_threads: int | None = None, transform: Callable[[Any], Any] | None = None,
+                 pin_memory: bool = False, device: str | None = None,
                  progress_interval_s: float = 1.0, keep_last: int | None = None,
                  step_key: str = "step", shuffle_window: int | None = None, seed: int = 0,
                  epochs: int | None = None, max_staleness: int | None = None,
@@ -175,7 +192,16 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         if not callable(collate) and collate not in ("padded", "packed"):
             raise ValueError(f"collate must be 'padded', 'packed' or a callable, got {collate!r}")
         self.collate = collate
+        if read_threads is not None and (not isinstance(read_threads, int) or read_threads < 1):
+            raise ValueError(f"read_threads must be a positive int or None, got {read_threads!r}")
+        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError(f"prefetch must be a non-negative int or None, got {prefetch!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be a callable on a batch, got {transform!r}")
         self.prefetch, self.read_threads = prefetch, read_threads
+        self.transform = transform
+        self.pin_memory, self.device = pin_memory, device
+        Delivery(pin_memory, device)  # refuses them now where CUDA is missing
         self.progress_interval_s = progress_interval_s
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
@@ -254,9 +280,13 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         in_process = info is None
+        threads = self.read_threads or default_read_threads(workers if info else 0)
+        delivery = Delivery(self.pin_memory and in_process, self.device if in_process else None)
         reader = StepReader(self.mix, self.rank, self.world_size, columns=self.columns,
-                            prefetch=self.prefetch, threads=self.read_threads,
-                            timeout=self.timeout, stop=self.stop)
+                            prefetch=default_prefetch(threads) if self.prefetch is None
+                            else self.prefetch, threads=threads,
+                            timeout=self.timeout, stop=self.stop,
+                            finish=self._finisher(not in_process, delivery))
         self.last_reader = reader
         if self.group is not None and self.rank == 0 and worker == 0:
             self._register()
@@ -264,14 +294,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             else self.start_step + worker
         steps = worker_steps(first - worker, self.max_steps, worker, workers)
         try:
-            for step, table in reader.read(steps):
-                item = self.collate(table) if callable(self.collate) else collate_table(
-                    table, self.collate, shared=not in_process)
-                if isinstance(item, dict):
-                    item[self.step_key] = step
-                    counts = reader.steps.counts(step)
-                    if counts is not None:
-                        item[COUNTS_KEY] = counts
+            for step, item in reader.read(steps):
+                item = delivery.hand_over(item)
                 if in_process:
                     self.record_step(step)
                 else:  # this worker's copy: what a StatefulDataLoader saves per worker
@@ -280,6 +304,26 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         finally:
             if in_process:
                 self.close()
+
+    def _finisher(self, shared: bool, delivery: Delivery) -> Callable[[int, Any], Any]:
+        """What a read thread makes of a step's slice: the batch, collated (in shared memory
+        in a worker), with its step and counts, transformed, delivered."""
+        collate, transform, step_key, steps = self.collate, self.transform, self.step_key, \
+            self.mix
+
+        def finish(step: int, table: Any) -> Any:
+            item = collate(table) if callable(collate) else collate_table(table, collate,
+                                                                          shared=shared)
+            if isinstance(item, dict):
+                item[step_key] = step
+                counts = steps.counts(step)
+                if counts is not None:
+                    item[COUNTS_KEY] = counts
+            if transform is not None:
+                item = transform(item)
+            return delivery.prepare(item)
+
+        return finish
 
     def _register(self) -> None:
         """Registers the group, on each source the log of which does not know it yet, where

@@ -1,13 +1,14 @@
 """The prefetching step reader: waits for steps to become visible and keeps the next few
-decoded in background threads (Parquet decoding releases the GIL)."""
+decoded, collated and transformed in background threads (Parquet decoding, copies into
+tensors and image decoders release the GIL), so that the consumer's thread only takes them."""
 
 from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -31,35 +32,40 @@ class StepReader:
 
     A step that is not visible yet is waited for by polling the next log entry (a GET, never
     a LIST, shared by every reader of the stream in the process: ``Stream.poll``), sleeping
-    between polls until the shared head asks the store again (``lakestream.head``: paced by
+    between polls until the shared head asks the store again (``lakestream.log.head``: paced by
     how often commits come, 10 to 50 ms), within ``[poll_min_s, poll_max_s]``; after
     ``timeout`` seconds of
     waiting for one step, ``StepNotAvailableError`` is raised (``timeout=None`` waits forever).
     Iteration stops at a step past the end of a mix (a sealed source ran out), or at the
     first step still waited for once ``stop`` is set.
+
+    ``finish(step, table)``, if given, runs in the same thread right after a step's slice is
+    decoded (collation, a transform, pinning), and ``read`` yields what it returns.
     """
 
     def __init__(self, steps: Stream | Steps, rank: int, world_size: int, *,
                  columns: list[str] | None = None, prefetch: int = 4, threads: int = 2,
                  timeout: float | None = None, poll_min_s: float = 0.001,
-                 poll_max_s: float = 0.5, stop: Stop | None = None) -> None:
+                 poll_max_s: float = 0.5, stop: Stop | None = None,
+                 finish: Callable[[int, pa.Table], Any] | None = None) -> None:
         if prefetch < 0 or threads < 1:
             raise ValueError("prefetch must be >= 0 and threads >= 1")
         self.steps: Steps = MixSteps.single(steps) if isinstance(steps, Stream) else steps
         self.rank, self.world_size = rank, world_size
         self.columns, self.prefetch, self.threads = columns, prefetch, threads
         self.timeout, self.poll_min_s, self.poll_max_s = timeout, poll_min_s, poll_max_s
-        self.stop = stop
+        self.stop, self.finish = stop, finish
         self.wait_s = 0.0
         """Time spent waiting for steps to become visible."""
         self.read_latencies_s: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)
         """Per step, the last ``LATENCY_WINDOW``: from asking for it (once visible) to its
-        slice being decoded."""
+        slice being decoded (and finished)."""
 
-    def _read(self, step: int) -> tuple[pa.Table, float]:
+    def _read(self, step: int) -> tuple[Any, float]:
         t0 = time.perf_counter()
         table = self.steps.read(step, self.rank, self.world_size, self.columns)
-        return table, time.perf_counter() - t0
+        item = table if self.finish is None else self.finish(step, table)
+        return item, time.perf_counter() - t0
 
     def wait_visible(self, step: int) -> bool:
         """Returns True once ``step`` is committed, False if the steps end before it or
@@ -98,11 +104,11 @@ class StepReader:
                 self.wait_s += time.monotonic() - t0
                 return False
 
-    def read(self, steps: Iterable[int]) -> Iterator[tuple[int, pa.Table]]:
-        """Yields ``(step, slice)`` for ``steps`` in order."""
+    def read(self, steps: Iterable[int]) -> Iterator[tuple[int, Any]]:
+        """Yields ``(step, slice)`` for ``steps`` in order (the slice as ``finish`` made it)."""
         it = iter(steps)
         held: int | None = None  # the next step, taken from `it` but not yet submitted
-        pending: collections.deque[tuple[int, Future[tuple[pa.Table, float]]]] = \
+        pending: collections.deque[tuple[int, Future[tuple[Any, float]]]] = \
             collections.deque()
         with ThreadPoolExecutor(self.threads, thread_name_prefix="lakestream-read") as pool:
             while True:

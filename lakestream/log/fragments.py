@@ -89,7 +89,9 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
 
     Dictionary encoding and statistics are kept for scalar columns (ids, rewards, versions
     repeat and are cheap to encode) and turned off for list and binary columns (tokens,
-    log-probs, images), where they cost time and save little.
+    log-probs, images), where they cost time and save little. Binary columns (images, audio,
+    tensors: encoded media does not compress, raw pixels little for the time it takes) are
+    stored uncompressed, so that writing them costs about a copy.
 
     Every byte stays checked on read: a fragment up to ``WHOLE_FILE_BYTES`` is read whole
     and checked against the CRC-32 its commit records, so only larger ones carry Parquet
@@ -106,15 +108,27 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
     rows = max(group_size, (ROW_GROUP_TARGET_BYTES // per_row) // group_size * group_size)
     scalar = [f.name for f in table.schema if not _is_nested(f.type)]
     checksums = nbytes > WHOLE_FILE_BYTES // 2
-    level = compression_level if compression != "none" else None
+    codecs, level = _codecs(table.schema, compression, compression_level)
     room = nbytes + nbytes // 8 + ENCODE_SLACK_BYTES + COLUMN_SLACK_BYTES * table.num_columns
     while True:
-        body = _write_parquet(table, room, row_group_size=rows, compression=compression,
+        body = _write_parquet(table, room, row_group_size=rows, compression=codecs,
                               compression_level=level, use_dictionary=scalar,
                               write_statistics=scalar, write_page_checksum=checksums)
         if checksums or read_whole(len(body)):
             return body
         checksums = True
+
+
+def _codecs(schema: pa.Schema, compression: str, level: int | None
+            ) -> tuple[str | dict[str, str], int | dict[str, int] | None]:
+    """The codec of each column and the level of those compressed: ``compression`` for all
+    but binary columns, which are stored as they are."""
+    raw = [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+    if compression == "none" or not raw:
+        return compression, None if compression == "none" else level
+    codecs = {f.name: "none" if f.name in raw else compression for f in schema}
+    levels = None if level is None else {n: level for n, c in codecs.items() if c != "none"}
+    return codecs, levels
 
 
 def _write_parquet(table: pa.Table, capacity: int, **options: Any) -> memoryview:

@@ -13,13 +13,15 @@ import pyarrow.compute as pc
 from lakestream.errors import SchemaMismatchError
 from lakestream.schema.casts import conversion_loss
 from lakestream.schema.delta import delta_type
+from lakestream.schema.tensors import check_tensor_column, tensor_column, tensor_spec
 
 
 def validate_schema(schema: pa.Schema) -> pa.Schema:
     """Checks a schema can be a stream's schema.
 
     Raises:
-        ValueError: no columns, duplicate names, or a type Delta cannot represent.
+        ValueError: no columns, duplicate names, a type Delta cannot represent, or malformed
+            tensor metadata.
     """
     if not isinstance(schema, pa.Schema):
         raise TypeError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
@@ -31,6 +33,7 @@ def validate_schema(schema: pa.Schema) -> pa.Schema:
         raise ValueError(f"schema has duplicate column names: {dupes}")
     for f in schema:
         delta_type(f.type)
+        tensor_spec(f)
     return schema
 
 
@@ -42,7 +45,9 @@ def conform(data: Any, schema: pa.Schema, *, where: str) -> pa.Table:
     in an integer column, a datetime whose time zone, time of day or sub-unit part the
     column would drop, a float beyond a narrower float's range are refused (pyarrow would
     truncate, shift or turn them into infinities without a word). A float rounded to a
-    narrower float is not a loss: that is what a float column stores.
+    narrower float is not a loss: that is what a float column stores. A tensor column
+    (``lakestream.schema.tensors``) takes a ``[n, *shape]`` numpy array, a list of arrays or
+    of bytes, and every value must hold exactly one array's bytes.
 
     Raises:
         SchemaMismatchError: a column is missing, extra, out of order, of another type,
@@ -84,6 +89,9 @@ def conform(data: Any, schema: pa.Schema, *, where: str) -> pa.Table:
     if not table.schema.equals(schema):
         table = table.cast(schema)
     for f in schema:
+        spec = tensor_spec(f)
+        if spec is not None:
+            check_tensor_column(table.column(f.name), spec, f.name, where)
         if _finite_only(f):
             bad = _non_finite(table.column(f.name))
             if bad:
@@ -208,6 +216,11 @@ def _build(columns: Mapping[str, Any], schema: pa.Schema, where: str) -> pa.Tabl
     arrays = []
     for f in schema:
         values = columns[f.name]
+        spec = tensor_spec(f)
+        tensor = None if spec is None else tensor_column(values, spec, f.name, where)
+        if tensor is not None:
+            arrays.append(tensor)
+            continue
         try:
             built = _column(values, f.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:

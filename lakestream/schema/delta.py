@@ -59,8 +59,15 @@ def delta_type(t: pa.DataType) -> Any:
     raise ValueError(f"Arrow type {t} has no Delta Lake equivalent; use a signed or wider type")
 
 
+DELTA_METADATA_KEYS = (b"lakestream.tensor",)
+"""Field metadata that Delta readers see too (a tensor column's shape and dtype, so that a
+query can decode its bytes); the rest stays in the exact Arrow schema only."""
+
+
 def _delta_field(f: pa.Field) -> dict[str, Any]:
-    return {"name": f.name, "type": delta_type(f.type), "nullable": f.nullable, "metadata": {}}
+    meta = {k.decode(): v.decode() for k, v in (f.metadata or {}).items()
+            if k in DELTA_METADATA_KEYS}
+    return {"name": f.name, "type": delta_type(f.type), "nullable": f.nullable, "metadata": meta}
 
 
 TIMESTAMP_NTZ_FEATURE = "timestampNtz"

@@ -1,0 +1,46 @@
+"""What a loader may use of the host it runs on: its share of the cores, read from the host.
+
+A data-parallel job runs one trainer process per GPU: ``LOCAL_WORLD_SIZE`` of them (set by
+torchrun) share the cores this process may run on. Each keeps one core for its own training
+loop and reads with the rest of its share: on a 16-core host with one GPU that is 15 read
+threads; on 96 cores and 8 GPUs, 11 per rank; on a 2-core machine, the floor of 2.
+"""
+
+from __future__ import annotations
+
+import os
+
+MIN_READ_THREADS = 2
+MAX_READ_THREADS = 32
+"""Past this, one process's threads contend for the GIL more than they decode."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, else the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def local_world_size() -> int:
+    """Trainer processes on this host (``LOCAL_WORLD_SIZE``, 1 when unset or malformed)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def default_read_threads(workers: int = 0) -> int:
+    """Read threads for one reader: this rank's share of the cores less the one its training
+    loop runs on, split among its DataLoader ``workers`` (0: it reads in-process), at least
+    ``MIN_READ_THREADS`` and at most ``MAX_READ_THREADS``."""
+    share = usable_cores() // local_world_size() - 1
+    threads = share // max(1, workers)
+    return max(MIN_READ_THREADS, min(MAX_READ_THREADS, threads))
+
+
+def default_prefetch(threads: int) -> int:
+    """Steps kept in flight: one per read thread, and two more so that a thread is never idle
+    while the consumer takes a step."""
+    return threads + 2

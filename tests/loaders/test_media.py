@@ -1,0 +1,167 @@
+"""Images, audio and tensors through the loader: tensor columns collate into one contiguous
+``[n, *shape]`` tensor, binary columns into bytes and offsets, a ``transform`` runs in the read
+threads, read threads follow the host's cores, and pinning is refused without CUDA."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+import lakestream
+from lakestream import CorruptLogError, tensor_field
+from lakestream.loaders import StreamDataset, StreamLoader, collate_table
+from lakestream.loaders.host import default_prefetch, default_read_threads
+from lakestream.producers import Producer
+
+SHAPE = (6, 7, 3)
+
+
+def _table(n: int, *, dtype: str = "uint8", nullable: bool = False) -> tuple[pa.Table, Any]:
+    spec_dtype = np.dtype("uint16" if dtype == "bfloat16" else dtype)
+    values = np.arange(n * int(np.prod(SHAPE)), dtype=np.int64).astype(spec_dtype).reshape(
+        n, *SHAPE)
+    field = tensor_field("x", SHAPE, dtype, nullable=nullable)
+    col = pa.array([v.tobytes() for v in values], pa.binary())
+    return pa.Table.from_arrays([col], schema=pa.schema([field])), values
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32", "float64", "bool"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_tensor_column_collates_to_one_contiguous_tensor(dtype: str, shared: bool) -> None:
+    table, values = _table(5, dtype=dtype)
+    out = collate_table(table, shared=shared)["x"]
+    assert out.shape == (5, *SHAPE) and out.is_contiguous() and out.is_shared() == shared
+    assert out.dtype == torch.from_numpy(values).dtype
+    assert np.array_equal(out.numpy(), values)
+
+
+def test_bfloat16_tensors_keep_their_bits() -> None:
+    table, values = _table(2, dtype="bfloat16")
+    out = collate_table(table)["x"]
+    assert out.dtype == torch.bfloat16
+    assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), values)
+
+
+def test_tensor_rows_from_many_sliced_chunks_and_nulls_come_back_in_order() -> None:
+    table, values = _table(9, nullable=True)
+    col = table.column("x").chunk(0)
+    nulled = pa.array([None if i in (2, 7) else v for i, v in enumerate(col.to_pylist())],
+                      pa.binary())
+    chunks = [nulled.slice(0, 4), nulled.slice(4, 1), nulled.slice(5, 4)]
+    table = pa.Table.from_arrays([pa.chunked_array(chunks)], schema=table.schema)
+    out = collate_table(table, "packed")["x"].numpy()
+    expected = values.copy()
+    expected[[2, 7]] = 0
+    assert np.array_equal(out, expected)
+
+
+def test_a_tensor_value_of_the_wrong_length_is_corrupt_not_misread() -> None:
+    table, _ = _table(2)
+    bad = pa.Table.from_arrays([pa.array([b"\x00" * 3, b"\x00" * 3])], schema=table.schema)
+    with pytest.raises(CorruptLogError, match="column x holds a value of 3 bytes"):
+        collate_table(bad)
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed"])
+def test_a_binary_column_collates_to_bytes_and_offsets(mode: str) -> None:
+    blobs = [b"ab", None, b"", b"\x00\xff\x10", b"z" * 300]
+    arr = pa.array(blobs, pa.binary())
+    table = pa.table({"b": pa.chunked_array([arr.slice(0, 2), arr.slice(2, 3)])})
+    out = collate_table(table, mode)
+    data, offsets = out["b"].numpy().tobytes(), out["b_offsets"].tolist()
+    assert out["b"].dtype == torch.uint8 and out["b_offsets"].dtype == torch.int64
+    got = [data[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    assert got == [b or b"" for b in blobs]
+
+
+def _image_stream(tmp_path: Path, n: int = 32, batch: int = 8) -> tuple[str, np.ndarray]:
+    schema = pa.schema([tensor_field("image", SHAPE), pa.field("label", pa.int64()),
+                        pa.field("jpeg", pa.binary())])
+    uri = str(tmp_path / "images")
+    lakestream.create(uri, schema, global_batch_size=batch, group_size=1)
+    images = np.random.default_rng(1).integers(0, 256, (n, *SHAPE), dtype=np.uint8)
+    with Producer(uri, producer_id="p") as p:
+        for at in range(0, n, 8):
+            p.write({"image": images[at:at + 8], "label": np.arange(at, at + 8),
+                     "jpeg": [bytes([i]) * (i % 5) for i in range(at, at + 8)]})
+    return uri, images
+
+
+def _decode(batch: dict[str, Any]) -> dict[str, Any]:
+    """A transform at a module's top level (workers find it by name)."""
+    batch["thread"] = threading.current_thread().name
+    batch["mean"] = batch["image"].float().mean(dim=(1, 2, 3))
+    return batch
+
+
+def test_a_transform_runs_in_the_read_threads_on_each_rank_slice(tmp_path: Path) -> None:
+    uri, images = _image_stream(tmp_path)
+    ds = StreamDataset(uri, group=None, rank=1, world_size=2, max_steps=4, transform=_decode)
+    seen = list(ds)
+    assert [b["step"] for b in seen] == [0, 1, 2, 3]
+    for b in seen:
+        assert b["thread"].startswith("lakestream-read")
+        want = images[b["step"] * 8 + 4:b["step"] * 8 + 8]
+        assert np.array_equal(b["image"].numpy(), want)
+        assert torch.allclose(b["mean"], torch.from_numpy(want).float().mean(dim=(1, 2, 3)))
+        assert b["label"].tolist() == list(range(b["step"] * 8 + 4, b["step"] * 8 + 8))
+
+
+def test_a_transform_runs_in_dataloader_workers(tmp_path: Path) -> None:
+    uri, images = _image_stream(tmp_path)
+    ds = StreamDataset(uri, group=None, max_steps=4, transform=_decode)
+    got = list(StreamLoader(ds, num_workers=2))
+    assert [b["step"] for b in got] == [0, 1, 2, 3]
+    assert all(np.array_equal(b["image"].numpy(), images[b["step"] * 8:b["step"] * 8 + 8])
+               for b in got)
+
+
+def test_a_transform_that_is_not_callable_is_refused(tmp_path: Path) -> None:
+    uri, _ = _image_stream(tmp_path)
+    with pytest.raises(TypeError, match="transform must be a callable"):
+        StreamDataset(uri, group=None, transform="decode")  # type: ignore[arg-type]
+
+
+def test_read_threads_follow_the_cores_and_the_ranks_sharing_them(monkeypatch) -> None:
+    monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert default_read_threads() == 15
+    assert default_read_threads(workers=4) == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert default_read_threads() == 2
+    monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 96)
+    assert default_read_threads() == 11
+    monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert default_read_threads() == 2
+    assert default_prefetch(15) == 17
+
+
+def test_the_reader_uses_the_host_derived_threads(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 7)
+    uri, _ = _image_stream(tmp_path)
+    ds = StreamDataset(uri, group=None, max_steps=1)
+    list(ds)
+    assert ds.last_reader is not None
+    assert (ds.last_reader.threads, ds.last_reader.prefetch) == (6, 8)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU-only host")
+@pytest.mark.parametrize("kwargs", [{"pin_memory": True}, {"device": "cuda"}])
+def test_pinning_or_a_cuda_device_without_cuda_is_refused_up_front(
+        tmp_path: Path, kwargs: dict[str, Any]) -> None:
+    uri, _ = _image_stream(tmp_path)
+    with pytest.raises(ValueError, match="need CUDA"):
+        StreamDataset(uri, group=None, **kwargs)
+
+
+def test_a_device_that_is_not_a_cpu_or_gpu_is_refused(tmp_path: Path) -> None:
+    uri, _ = _image_stream(tmp_path)
+    with pytest.raises(ValueError, match="CPU or CUDA device"):
+        StreamDataset(uri, group=None, device="meta")
