@@ -116,7 +116,7 @@ def test_the_commit_window_leaves_out_catching_up(tmp_path) -> None:
     for epoch in range(1, 401):
         ahead.commit(lambda _s, cid, e=epoch: Fence("busy", e, cid))
     timed = _Timed(behind.store)
-    behind.store = timed  # type: ignore[assignment]
+    behind.store = behind._view.store = timed  # type: ignore[assignment]
     result = behind.commit(lambda _s, cid: Fence("late", 1, cid), catch_up=True)
     assert result is not None and result.version == 401 and result.attempts == 1
     put = min((r for r in timed.requests if r[0] == "put"), key=lambda r: r[1])
@@ -162,7 +162,7 @@ def test_catching_up_stops_at_the_head_without_waiting_for_reads_past_it(tmp_pat
             waiting[0] -= 1
 
     try:
-        state = behind._state
+        state = behind._view.state
         t0 = time.monotonic()
         catch_up(HookedStore(behind.store, stuck_past_head), state)  # type: ignore[arg-type]
         assert state.version == 40

@@ -5,7 +5,6 @@ from __future__ import annotations
 import lakestream
 from lakestream.log.entries import LOG_DIR, is_delta_checkpoint_key
 from lakestream.store import LocalStore
-from lakestream.stream import Stream
 from tests.helpers import SCHEMA, delta_ids, rows
 
 
@@ -41,14 +40,14 @@ def test_gc_keeps_the_checkpoint_delta_readers_are_pointed_at(tmp_path, monkeypa
     older = LocalStore(uri).get("_delta_log/_last_checkpoint")
     for i in range(3, 9):
         s.append(rows(4 * i, 4))
-    write = Stream._write_delta_checkpoint
+    write = lakestream.log.gc._write_delta_checkpoint
 
-    def then_a_rival_points_back(self: Stream) -> int | None:
-        version = write(self)
+    def then_a_rival_points_back(uri_: str, options: dict[str, str] | None) -> int | None:
+        version = write(uri_, options)
         LocalStore(uri).put("_delta_log/_last_checkpoint", older)
         return version
 
-    monkeypatch.setattr(Stream, "_write_delta_checkpoint", then_a_rival_points_back)
+    monkeypatch.setattr(lakestream.log.gc, "_write_delta_checkpoint", then_a_rival_points_back)
     s.gc(grace_seconds=0)
     assert _checkpoints(uri) == [3, 9]
     assert delta_ids(uri, None) == list(range(36))
