@@ -83,7 +83,8 @@ class FragmentReader:
                 schema than the stream's, or would decode to more than its rows may.
         """
         try:
-            if 0 <= crc32 and read_whole(size):
+            whole = 0 <= crc32 and read_whole(size, (stop - start) / rows if rows else 0.0)
+            if whole:
                 data = self.store.get(path, max_bytes=max(size, 1))
                 found = zlib_ng.crc32(data)
                 if len(data) != size or found != crc32:
@@ -95,7 +96,8 @@ class FragmentReader:
             with source as f:
                 with self._lock:
                     md = self._footers.get(path)
-                pf = pq.ParquetFile(f, metadata=md, page_checksum_verification=True)
+                # Read whole, every byte was checked against the CRC-32 the log records.
+                pf = pq.ParquetFile(f, metadata=md, page_checksum_verification=not whole)
                 if md is None:
                     self._check(pf, rows)
                     with self._lock:
