@@ -111,7 +111,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             training loop's thread. Defined at a module's top level if workers are used.
         read_threads: threads reading, collating and transforming steps; None: this rank's
             share of the host's cores less one (``loaders/host.py``: ``LOCAL_WORLD_SIZE``
-            ranks share the cores, a DataLoader's workers share the rank's), at least 2.
+            ranks share the cores, a DataLoader's workers share the rank's), at least 1.
         prefetch: steps read ahead, in those threads; None: one per thread and two more.
         pin_memory: deliver batches in pinned memory, pinned in the read threads (needs
             CUDA). device: e.g. "cuda": deliver batches there, copied in the read threads on

@@ -3,14 +3,17 @@
 A data-parallel job runs one trainer process per GPU: ``LOCAL_WORLD_SIZE`` of them (set by
 torchrun) share the cores this process may run on. Each keeps one core for its own training
 loop and reads with the rest of its share: on a 16-core host with one GPU that is 15 read
-threads; on 96 cores and 8 GPUs, 11 per rank; on a 2-core machine, the floor of 2.
+threads; on 96 cores and 8 GPUs, 11 per rank; on a 2-core machine, 1. More threads than
+that take the training loop's core away from it at every scheduler tick: on 2 cores, 2 read
+threads made a 32 ms training step wait 4-8 ms for its batch one step in two, 1 thread one
+step in twenty (``bench/gpu.py --stand-in``).
 """
 
 from __future__ import annotations
 
 import os
 
-MIN_READ_THREADS = 2
+MIN_READ_THREADS = 1
 MAX_READ_THREADS = 32
 """Past this, one process's threads contend for the GIL more than they decode."""
 
