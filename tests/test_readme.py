@@ -35,7 +35,7 @@ from lakestream.producers import Producer
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 EXAMPLES = ("## A stream in 20 lines", "## A producer in 20 lines", "## A trainer in 20 lines",
-            "## SFT in 20 lines", "## Other readers")
+            "## Images, audio and tensors", "## SFT in 20 lines", "## Other readers")
 RENDEZVOUS = 'dist.init_process_group("gloo")'
 LAUNCH = re.compile(r"# (?:python|torchrun --nproc_per_node (\d+)) (\w+\.py)\b")
 
@@ -53,6 +53,7 @@ def _run(code: str, cwd: Path, uri: str) -> list[str]:
     assert launch is not None, f"no launch line: {code.splitlines()[0]!r}"
     world = int(launch.group(1) or 1)
     code = code.replace("/tmp/rollouts", uri).replace("/tmp/sft", str(cwd / "sft")).replace(
+        "/tmp/images", str(cwd / "images")).replace(
         RENDEZVOUS,
         f'dist.init_process_group("gloo", init_method="file://{cwd}/rdv-{uuid.uuid4().hex}", '
         'rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))')
@@ -110,14 +111,18 @@ def test_the_readme_examples_run_as_printed_twice(tmp_path: Path) -> None:
         assert (tmp_path / "ckpt" / "500").is_dir()
 
     for _ in range(2):
-        [out] = _run(_example(EXAMPLES[4]), tmp_path, uri)
+        [out] = _run(_example(EXAMPLES[5]), tmp_path, uri)
         live, folder = map(int, out.split())
         assert (live, folder) == (816, 4000)
     # What the log holds is what Lakestream reads: steps 400 to 501, where retention cut.
     assert live == sum(stream.read_step(k).num_rows for k in range(400, stream.num_steps))
     assert pads.dataset(str(tmp_path / "rollouts" / "data")).count_rows() == folder
 
-    sft = _example(EXAMPLES[3])
+    for _ in range(2):
+        [out] = _run(_example(EXAMPLES[3]), tmp_path, uri)
+        assert out.splitlines() == ["torch.Size([64, 3, 224, 224]) torch.Size([128]) [0, 2, 4]"]
+
+    sft = _example(EXAMPLES[4])
     assert sft.count(RENDEZVOUS) == 1
     for _ in range(2):
         outs = _run(sft, tmp_path, uri)
