@@ -7,10 +7,11 @@ resume (``loaders/resume.py``), progress (``loaders/publisher.py``), prefetching
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -18,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from lakestream.errors import LakestreamError, PermissionDeniedError
 from lakestream.loaders.collate import Collate, collate_table
 from lakestream.loaders.device import Delivery
-from lakestream.loaders.host import default_prefetch, default_read_threads
+from lakestream.loaders.host import default_prefetch, default_read_threads, quick_gil_handoff
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader, Stop
@@ -294,16 +295,22 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             else self.start_step + worker
         steps = worker_steps(first - worker, self.max_steps, worker, workers)
         try:
-            for step, item in reader.read(steps):
-                item = delivery.hand_over(item)
-                if in_process:
-                    self.record_step(step)
-                else:  # this worker's copy: what a StatefulDataLoader saves per worker
-                    self.start_step, self._worker_next = step + 1, step + workers
-                yield item
+            with quick_gil_handoff() if in_process else contextlib.nullcontext():
+                yield from self._items(reader, steps, delivery, in_process, workers)
         finally:
             if in_process:
                 self.close()
+
+    def _items(self, reader: StepReader, steps: Iterable[int], delivery: Delivery,
+               in_process: bool, workers: int) -> Iterator[Any]:
+        """The batches ``reader`` makes of ``steps``, each noted as it is yielded."""
+        for step, item in reader.read(steps):
+            item = delivery.hand_over(item)
+            if in_process:
+                self.record_step(step)
+            else:  # this worker's copy: what a StatefulDataLoader saves per worker
+                self.start_step, self._worker_next = step + 1, step + workers
+            yield item
 
     def _finisher(self, shared: bool, delivery: Delivery) -> Callable[[int, Any], Any]:
         """What a read thread makes of a step's slice: the batch, collated (in shared memory
