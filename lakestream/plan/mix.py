@@ -299,6 +299,39 @@ class MixPlan:
             out.append(runs(offsets))
         return out
 
+    def last_step(self, i: int, step: int, lo: int, hi: int) -> int:
+        """The last step, from ``step`` (which reads some of them) on, that may read source
+        ``i``'s offsets ``[lo, hi)`` (any rank's share) before the source comes round to
+        them again in a later epoch or cycle: how long a reader keeps what it decoded of
+        them (``lakestream.read.cache``).
+
+        In log order, the step that reaches ``hi - 1`` (within the epoch). Shuffled, the
+        end of the window of steps that reads the source window holding ``hi - 1``; where
+        the source's windows are permuted (``epochs``, ``cycle``), the end of the window of
+        steps of ``step`` (one window more where windows do not line up: ``aligned``): a
+        fragment across two source windows that the permutation puts apart is read again.
+        """
+        s = self.sources[i]
+        if self.shuffle_window is None:
+            first = self.position(i, step)
+            last = hi - 1
+            if s.cycle:  # the pass over the source that this step reads [lo, hi) in
+                assert s.sealed
+                last += (first + s.take - 1 - lo) // s.sealed * s.sealed
+            end = step + max(0, last - first) // s.take
+            if self.epochs is not None and not s.cycle:
+                assert self.steps_per_epoch is not None
+                spe = max(self.steps_per_epoch, 1)
+                end = min(end, (step // spe + 1) * spe - 1)
+            return end
+        w = self.shuffle_window
+        window = (step - self.base_step) // w
+        if self._permutes_windows(i):
+            window += 0 if self.aligned else 1
+        else:
+            window = max(window, (hi - 1 - s.start) // self._window(i))
+        return self.base_step + (window + 1) * w - 1
+
     def needed(self, step: int) -> list[int]:
         """For each source, the samples that must be committed for ``step`` to be readable
         (by every rank at once)."""
