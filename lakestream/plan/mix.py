@@ -29,6 +29,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -149,7 +150,7 @@ class MixPlan:
         end = self.num_steps
         return end is not None and step >= end
 
-    @property
+    @cached_property
     def aligned(self) -> bool:
         """Whether every source's shuffle windows start where the plan's windows of steps
         do (at steps ``base_step + k * shuffle_window``): then each window of steps reads
@@ -260,11 +261,10 @@ class MixPlan:
         size, g = self._window(i), s.group_size
         out = np.empty_like(pos) if rows else None
         needed = 0
-        for epoch in np.unique(epochs):
-            mask = epochs == epoch
+        for epoch, mask in _groups_of(epochs):
             p = pos[mask]
             if self._permutes_windows(i):
-                order, starts = self._windows(i, int(epoch))
+                order, starts = self._windows(i, epoch)
                 at = np.searchsorted(starts, p, side="right") - 1
                 wid, within = order[at], p - starts[at]
                 base = 0
@@ -272,14 +272,13 @@ class MixPlan:
                 base = s.start if self.epochs is None else 0
                 wid, within = (p - base) // size, (p - base) % size
             got = np.empty_like(p)
-            for w in np.unique(wid):
-                first = base + int(w) * size
+            for w, sel in _groups_of(wid):
+                first = base + w * size
                 length = size if s.sealed is None else min(size, s.sealed - first)
                 needed = max(needed, first + length)
                 if out is None:
                     continue
-                sigma = self._sigma(i, int(epoch), int(w), length // g)
-                sel = wid == w
+                sigma = self._sigma(i, epoch, w, length // g)
                 u = within[sel]
                 got[sel] = first + sigma[u // g] * g + u % g
             if out is not None:
@@ -382,7 +381,14 @@ def runs(offsets: np.ndarray) -> list[tuple[int, int]]:
     breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [offsets.size]])
-    return [(int(offsets[a]), int(offsets[b - 1]) + 1) for a, b in zip(starts, ends, strict=True)]
+    return list(zip(offsets[starts].tolist(), (offsets[ends - 1] + 1).tolist(), strict=True))
+
+
+def _groups_of(values: np.ndarray) -> list[tuple[int, slice | np.ndarray]]:
+    """Each distinct value and where it is (all of it, the common case, as a slice)."""
+    if len(values) and (values == values[0]).all():
+        return [(int(values[0]), slice(None))]
+    return [(int(v), values == v) for v in np.unique(values)]
 
 
 def _keep(cache: OrderedDict, key: tuple, value: object, limit: int) -> None:
