@@ -72,9 +72,11 @@ def ids(table: Any) -> list[int]:
 @contextmanager
 def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
     """Meanwhile, the GETs of each fragment of local stores (whole, or opened to read by
-    range), and in ``[0]`` the Parquet row groups decoded."""
+    range; not the log's index segments, Parquet too), and in ``[0]`` the Parquet row groups
+    decoded."""
     import pyarrow.parquet as pq
 
+    from lakestream.log.entries import DATA_DIR
     from lakestream.store.local import LocalStore
 
     gets: Counter[str] = Counter()
@@ -83,11 +85,13 @@ def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
     read_row_groups = pq.ParquetFile.read_row_groups
 
     def counted_get(self: LocalStore, key: str, **kwargs: Any) -> bytes:
-        gets[key] += key.endswith(".parquet")
+        if key.startswith(DATA_DIR):
+            gets[key] += 1
         return get(self, key, **kwargs)
 
     def counted_open(self: LocalStore, key: str, *args: Any) -> Any:
-        gets[key] += key.endswith(".parquet")
+        if key.startswith(DATA_DIR):
+            gets[key] += 1
         return open_input(self, key, *args)
 
     def counted_decode(self: pq.ParquetFile, groups: list[int], *args: Any,
