@@ -94,7 +94,8 @@ class FragmentCache:
                 self.decoded += 1
             self._held[key] = value
             self._keep(key, until)
-            self._sizes[key] = size = _size(value)
+            self._sizes[key] = size = value.size if isinstance(value, pa.Buffer) \
+                else value.get_total_buffer_size()
             self._bytes += size
             while self._bytes > self.max_bytes and len(self._held) > 1:
                 gone = next(iter(self._held))
@@ -138,6 +139,3 @@ class FragmentCache:
         del self._held[key]
         self._bytes -= self._sizes.pop(key)
 
-
-def _size(value: pa.Table | pa.Buffer) -> int:
-    return value.size if isinstance(value, pa.Buffer) else value.nbytes
