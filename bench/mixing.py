@@ -25,7 +25,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import loader  # noqa: E402  (its stubs let MosaicML Streaming import here)
 import payload  # noqa: E402
-from reps import spread, summarise  # noqa: E402
+from reps import drain, plot_bars, spread, summarise  # noqa: E402
 
 import lakestream  # noqa: E402
 from lakestream.loaders import Source, StreamDataset  # noqa: E402
@@ -129,19 +128,6 @@ def window_batches(sizes: list[int], takes: list[int], seed: int) -> list[list[i
     return batches
 
 
-def _drain(make: Any, sample_bytes: float) -> dict[str, float]:
-    loader_ = make()
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    samples = steps = 0
-    for batch in loader_:
-        samples += int(batch["tokens"].shape[0])
-        steps += 1
-    dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    gb = samples * sample_bytes / 1e9
-    return {"samples_per_s": samples / dt, "mb_per_s": samples * sample_bytes / dt / 1e6,
-            "cpu_s_per_gb": cpu / gb, "steps": steps, "seconds": dt}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
@@ -183,7 +169,7 @@ def main() -> None:
         }
         for rep in range(args.reps):
             for name, make in runs.items():
-                r = _drain(lambda make=make, rep=rep: make(rep), sample_bytes)
+                r = drain(make(rep), sample_bytes)
                 r.update(system=name, rep=rep)
                 result["runs"].append(r)
                 print(f"rep {rep} {name:17} {r['mb_per_s']:7.1f} MB/s "
@@ -205,26 +191,7 @@ def main() -> None:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = result["systems"]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    names = [r["system"] for r in rows]
-    mids = [r["mb_per_s"] for r in rows]
-    lows = [r["mb_per_s"] - r["mb_per_s_min"] for r in rows]
-    highs = [r["mb_per_s_max"] - r["mb_per_s"] for r in rows]
-    ax.bar(names, mids, yerr=[lows, highs], capsize=4)
-    for k, r in enumerate(rows):
-        ax.text(k, r["mb_per_s"], f"{r['cpu_s_per_gb']:.1f} CPU-s/GB", ha="center",
-                va="bottom", fontsize=8)
-    ax.set_ylabel("MB/s into padded tensors (one rank, median of reps)")
-    ax.set_title("70/30 mix, shuffle window 16 steps, num_workers=0")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    plot_bars(result["systems"], path, "70/30 mix, shuffle window 16 steps, num_workers=0")
 
 
 if __name__ == "__main__":

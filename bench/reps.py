@@ -8,7 +8,9 @@ median of the per-repetition ratios with their min and max.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+import time
+from collections.abc import Callable, Hashable, Iterable
+from pathlib import Path
 from typing import Any
 
 
@@ -34,3 +36,42 @@ def summarise(runs: list[dict[str, Any]], config: Callable[[dict[str, Any]], Has
                     "mb_per_s_max": max(r["mb_per_s"] for r in mine)}
         rows.append(row)
     return rows
+
+
+def drain(batches: Iterable[dict[str, Any]], sample_bytes: float) -> dict[str, float]:
+    """Iterates a loader's ``batches`` (each with a ``tokens`` tensor, a row a sample): its
+    samples and MB a second, and the process's CPU seconds per GB, at ``sample_bytes`` a
+    sample."""
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    samples = steps = 0
+    for batch in batches:
+        samples += int(batch["tokens"].shape[0])
+        steps += 1
+    dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    gb = samples * sample_bytes / 1e9
+    return {"samples_per_s": samples / dt, "mb_per_s": samples * sample_bytes / dt / 1e6,
+            "cpu_s_per_gb": cpu / gb, "steps": steps, "seconds": dt}
+
+
+def plot_bars(rows: list[dict[str, Any]], path: Path, title: str,
+              figsize: tuple[float, float] = (8, 4)) -> None:
+    """Each configuration's median MB/s (rows from ``summarise``) with its min-max, and its
+    CPU-s per GB above it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=figsize)
+    mids = [r["mb_per_s"] for r in rows]
+    lows = [r["mb_per_s"] - r["mb_per_s_min"] for r in rows]
+    highs = [r["mb_per_s_max"] - r["mb_per_s"] for r in rows]
+    ax.bar([r["system"] for r in rows], mids, yerr=[lows, highs], capsize=4)
+    for k, r in enumerate(rows):
+        ax.text(k, r["mb_per_s"], f"{r['cpu_s_per_gb']:.1f} CPU-s/GB", ha="center",
+                va="bottom", fontsize=8)
+    ax.set_ylabel("MB/s into padded tensors (one rank, median of reps)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -26,6 +26,7 @@ from lakestream.log.transaction import (
 )
 from lakestream.log.view import LogView
 from lakestream.read.cache import FragmentCache
+from lakestream.read.fragments import LastStep
 from lakestream.read.lineage import StepLineage
 from lakestream.read.offsets import OffsetReader
 from lakestream.schema.conform import validate_schema
@@ -319,18 +320,19 @@ class Stream:
         return self._reader.read_step(step, rank, world_size, columns)
 
     def read_offsets(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None,
-                     *, what: str | None = None,
-                     cache: FragmentCache | None = None) -> pa.Table:
+                     *, what: str | None = None, cache: FragmentCache | None = None,
+                     last_step: LastStep | None = None) -> pa.Table:
         """The samples at offsets ``[lo, hi)`` of each span, in the order given (a mixed or
         shuffled step's rows). A fragment that several spans touch is read once; with a
-        ``cache``, each fragment is read whole, once while the cache keeps it (a shuffled
-        window's steps share their fragments).
+        ``cache``, each row group once, and a file read whole fetched once, while the cache
+        keeps them: until ``last_step(lo, hi)``, the last step that may read offsets
+        ``[lo, hi)`` (the steps of a mix share their fragments: ``MixSteps``).
 
         Raises:
             StepNotAvailableError: an offset is not committed yet, or was reclaimed.
             ValueError: an unknown column, or an empty or reversed span.
         """
-        return self._reader.read(spans, columns, what=what, cache=cache)
+        return self._reader.read(spans, columns, what=what, cache=cache, last_step=last_step)
 
     def lineage(self, step: int) -> StepLineage:
         """Where each sample of global batch ``step`` came from (producer, epoch, seq,

@@ -6,6 +6,9 @@ import json
 import multiprocessing
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -64,6 +67,45 @@ def delta_ids(uri: str, options: dict[str, str] | None) -> list[int]:
 
 def ids(table: Any) -> list[int]:
     return list(table.column("id").to_pylist())
+
+
+@contextmanager
+def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
+    """Meanwhile, the GETs of each fragment of local stores (whole, or opened to read by
+    range; not the log's index segments, Parquet too), and in ``[0]`` the Parquet row groups
+    decoded."""
+    import pyarrow.parquet as pq
+
+    from lakestream.log.entries import DATA_DIR
+    from lakestream.store.local import LocalStore
+
+    gets: Counter[str] = Counter()
+    decoded = [0]
+    get, open_input = LocalStore.get, LocalStore.open_input
+    read_row_groups = pq.ParquetFile.read_row_groups
+
+    def counted_get(self: LocalStore, key: str, **kwargs: Any) -> bytes:
+        if key.startswith(DATA_DIR):
+            gets[key] += 1
+        return get(self, key, **kwargs)
+
+    def counted_open(self: LocalStore, key: str, *args: Any) -> Any:
+        if key.startswith(DATA_DIR):
+            gets[key] += 1
+        return open_input(self, key, *args)
+
+    def counted_decode(self: pq.ParquetFile, groups: list[int], *args: Any,
+                       **kwargs: Any) -> pa.Table:
+        decoded[0] += len(groups)
+        return read_row_groups(self, groups, *args, **kwargs)
+
+    LocalStore.get, LocalStore.open_input = counted_get, counted_open  # type: ignore[method-assign]
+    pq.ParquetFile.read_row_groups = counted_decode
+    try:
+        yield gets, decoded
+    finally:
+        LocalStore.get, LocalStore.open_input = get, open_input  # type: ignore[method-assign]
+        pq.ParquetFile.read_row_groups = read_row_groups
 
 
 class HookedStore:

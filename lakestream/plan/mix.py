@@ -29,6 +29,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -149,7 +150,7 @@ class MixPlan:
         end = self.num_steps
         return end is not None and step >= end
 
-    @property
+    @cached_property
     def aligned(self) -> bool:
         """Whether every source's shuffle windows start where the plan's windows of steps
         do (at steps ``base_step + k * shuffle_window``): then each window of steps reads
@@ -260,11 +261,10 @@ class MixPlan:
         size, g = self._window(i), s.group_size
         out = np.empty_like(pos) if rows else None
         needed = 0
-        for epoch in np.unique(epochs):
-            mask = epochs == epoch
+        for epoch, mask in _groups_of(epochs):
             p = pos[mask]
             if self._permutes_windows(i):
-                order, starts = self._windows(i, int(epoch))
+                order, starts = self._windows(i, epoch)
                 at = np.searchsorted(starts, p, side="right") - 1
                 wid, within = order[at], p - starts[at]
                 base = 0
@@ -272,14 +272,13 @@ class MixPlan:
                 base = s.start if self.epochs is None else 0
                 wid, within = (p - base) // size, (p - base) % size
             got = np.empty_like(p)
-            for w in np.unique(wid):
-                first = base + int(w) * size
+            for w, sel in _groups_of(wid):
+                first = base + w * size
                 length = size if s.sealed is None else min(size, s.sealed - first)
                 needed = max(needed, first + length)
                 if out is None:
                     continue
-                sigma = self._sigma(i, int(epoch), int(w), length // g)
-                sel = wid == w
+                sigma = self._sigma(i, epoch, w, length // g)
                 u = within[sel]
                 got[sel] = first + sigma[u // g] * g + u % g
             if out is not None:
@@ -298,6 +297,39 @@ class MixPlan:
             assert offsets is not None
             out.append(runs(offsets))
         return out
+
+    def last_step(self, i: int, step: int, lo: int, hi: int) -> int:
+        """The last step, from ``step`` (which reads some of them) on, that may read source
+        ``i``'s offsets ``[lo, hi)`` (any rank's share) before the source comes round to
+        them again in a later epoch or cycle: how long a reader keeps what it decoded of
+        them (``lakestream.read.cache``).
+
+        In log order, the step that reaches ``hi - 1`` (within the epoch). Shuffled, the
+        end of the window of steps that reads the source window holding ``hi - 1``; where
+        the source's windows are permuted (``epochs``, ``cycle``), the end of the window of
+        steps of ``step`` (one window more where windows do not line up: ``aligned``): a
+        fragment across two source windows that the permutation puts apart is read again.
+        """
+        s = self.sources[i]
+        if self.shuffle_window is None:
+            first = self.position(i, step)
+            last = hi - 1
+            if s.cycle:  # the pass over the source that this step reads [lo, hi) in
+                assert s.sealed
+                last += (first + s.take - 1 - lo) // s.sealed * s.sealed
+            end = step + max(0, last - first) // s.take
+            if self.epochs is not None and not s.cycle:
+                assert self.steps_per_epoch is not None
+                spe = max(self.steps_per_epoch, 1)
+                end = min(end, (step // spe + 1) * spe - 1)
+            return end
+        w = self.shuffle_window
+        window = (step - self.base_step) // w
+        if self._permutes_windows(i):
+            window += 0 if self.aligned else 1
+        else:
+            window = max(window, (hi - 1 - s.start) // self._window(i))
+        return self.base_step + (window + 1) * w - 1
 
     def needed(self, step: int) -> list[int]:
         """For each source, the samples that must be committed for ``step`` to be readable
@@ -349,7 +381,14 @@ def runs(offsets: np.ndarray) -> list[tuple[int, int]]:
     breaks = np.flatnonzero(np.diff(offsets) != 1) + 1
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [offsets.size]])
-    return [(int(offsets[a]), int(offsets[b - 1]) + 1) for a, b in zip(starts, ends, strict=True)]
+    return list(zip(offsets[starts].tolist(), (offsets[ends - 1] + 1).tolist(), strict=True))
+
+
+def _groups_of(values: np.ndarray) -> list[tuple[int, slice | np.ndarray]]:
+    """Each distinct value and where it is (all of it, the common case, as a slice)."""
+    if len(values) and (values == values[0]).all():
+        return [(int(values[0]), slice(None))]
+    return [(int(v), values == v) for v in np.unique(values)]
 
 
 def _keep(cache: OrderedDict, key: tuple, value: object, limit: int) -> None:

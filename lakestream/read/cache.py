@@ -1,49 +1,76 @@
-"""The decoded fragments a reader's threads share, bounded in bytes, with the windows of a
-shuffled reader as generations."""
+"""What a reader's threads have fetched and decoded of fragments, shared, bounded in bytes,
+each kept until the last step that may read it has been read."""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
+from typing import TypeVar
 
 import pyarrow as pa
 
+Loaded = TypeVar("Loaded", pa.Table, pa.Buffer)
+
+
+OVERTAKEN = 4
+"""Later steps a read may find begun before it: a reader's threads take its steps in order
+but may begin them out of order, up to its prefetch (``StepReader``'s default: 4) ahead."""
+
 
 class FragmentCache:
-    """Decoded fragments, least recently used first out, bounded in bytes, shared by the
-    threads of a reader: a fragment that several of them ask for at once is decoded once.
+    """Fetched files and decoded row groups of fragments, shared by the threads of a
+    reader: what several of them ask for at once is loaded once. Bounded in bytes, least
+    recently used first out.
 
-    A shuffled reader's windows are generations: each read of a step is wrapped in
-    ``begin(g)`` / ``end(g)`` with its window g. When a read ends, a table is dropped if it
-    was last used before both the latest generation begun and every generation still being
-    read: once the next window is read and no read of the one before is in flight, the one
-    before is done with. (Keeping it until the window after held twice the memory, and the
-    allocator handed its pages back to have the kernel zero them again: ``bench/mixing.py``.)
-    A reader whose windows of steps do not line up with its sources' windows keeps one
-    generation more (``end(g, keep=1)``): a source window then spans two of its windows."""
+    Each read of a step is wrapped in ``begin(step)`` / ``end(step)``, and what it loads is
+    kept ``until`` the last step that may read it (``MixPlan.last_step``): a fragment that
+    several steps draw on is fetched and decoded once for all of them. An entry is dropped
+    once its step is below every step being read and every one of the last
+    ``OVERTAKEN + 1`` begun: a step that a pool thread took before later ones, and began
+    after they had begun (even ended), still finds what it needs. Steps are counted, not
+    numbered, so a reader of every n-th step (a DataLoader worker) keeps as much. (Keeping
+    a shuffle window until the next one was done held twice the memory, and the allocator
+    handed its pages back to have the kernel zero them again: ``bench/mixing.py``.) An entry
+    loaded with no ``until`` stays until the bound pushes it out.
+    """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._generation = 0
+        self._begun: deque[int] = deque(maxlen=OVERTAKEN + 1)
         self._active: dict[int, int] = {}
-        self._used: dict[tuple[str, str], int] = {}
-        self._tables: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
-        self._loading: dict[tuple[str, str], Future[pa.Table]] = {}
+        self._until: dict[Hashable, int] = {}
+        self._held: OrderedDict[Hashable, pa.Table | pa.Buffer] = OrderedDict()
+        self._sizes: dict[Hashable, int] = {}
+        self._loading: dict[Hashable, Future[pa.Table | pa.Buffer]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self.decoded = 0
-        """Fragments decoded through the cache (misses)."""
+        """Tables loaded through the cache (misses): row groups decoded."""
+        self.fetched = 0
+        """Buffers loaded through the cache (misses): whole files fetched."""
 
-    def fetch(self, key: tuple[str, str], load: Callable[[], pa.Table]) -> pa.Table:
-        """The table cached under ``key``, else ``load()``'s (once, whoever asks)."""
+    @property
+    def nbytes(self) -> int:
+        """The bytes held now."""
+        return self._bytes
+
+    def holds(self, *keys: Hashable) -> bool:
+        """Whether every one of ``keys`` is held now."""
         with self._lock:
-            table = self._tables.get(key)
-            if table is not None:
-                self._tables.move_to_end(key)
-                self._used[key] = self._generation
-                return table
+            return all(k in self._held for k in keys)
+
+    def fetch(self, key: Hashable, load: Callable[[], Loaded], *,
+              until: int | None = None) -> Loaded:
+        """What is held under ``key``, else ``load()``'s (once, whoever asks), kept until
+        step ``until`` (the latest any asker gives) has been read."""
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None:
+                self._held.move_to_end(key)
+                self._keep(key, until)
+                return held
             pending = self._loading.get(key)
             if pending is None:
                 pending = self._loading[key] = Future()
@@ -53,7 +80,7 @@ class FragmentCache:
         if not mine:
             return pending.result()
         try:
-            table = load()
+            value = load()
         except BaseException as e:
             with self._lock:
                 del self._loading[key]
@@ -61,38 +88,54 @@ class FragmentCache:
             raise
         with self._lock:
             del self._loading[key]
-            self.decoded += 1
-            self._tables[key] = table
-            self._used[key] = self._generation
-            self._bytes += table.nbytes
-            while self._bytes > self.max_bytes and len(self._tables) > 1:
-                gone, old = self._tables.popitem(last=False)
-                del self._used[gone]
-                self._bytes -= old.nbytes
-        pending.set_result(table)
-        return table
+            if isinstance(value, pa.Buffer):
+                self.fetched += 1
+            else:
+                self.decoded += 1
+            self._held[key] = value
+            self._keep(key, until)
+            self._sizes[key] = size = value.size if isinstance(value, pa.Buffer) \
+                else value.get_total_buffer_size()
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._held) > 1:
+                gone = next(iter(self._held))
+                self._drop(gone)
+        pending.set_result(value)
+        return value
 
-    def begin(self, generation: int) -> None:
-        """A read of a step of ``generation`` starts (entering it, if later)."""
+    def discard(self, key: Hashable) -> None:
+        """Drops ``key`` if held (no later read needs it)."""
         with self._lock:
-            self._active[generation] = self._active.get(generation, 0) + 1
-            self._generation = max(self._generation, generation)
-            # Keep the generation before: its last reads may not have begun yet (a pool's
-            # threads start the steps handed to them in any order).
-            self._drop_before(min([self._generation - 1, *self._active]))
+            if key in self._held:
+                self._drop(key)
 
-    def end(self, generation: int, keep: int = 0) -> None:
-        """That read is over: drops what only reads of generations before both every one
-        still being read and the ``keep`` before the latest begun used (``keep=1`` where a
-        later step may still need what an earlier generation's read used: a shuffled
-        source whose windows do not start where the reader's windows of steps do)."""
+    def begin(self, step: int) -> None:
+        """A read of ``step`` starts."""
         with self._lock:
-            left = self._active.pop(generation) - 1
+            self._active[step] = self._active.get(step, 0) + 1
+            self._begun.append(step)
+            self._drop_passed()
+
+    def end(self, step: int) -> None:
+        """That read is over: drops what no read under way, nor one of a step begun lately,
+        may still need."""
+        with self._lock:
+            left = self._active.pop(step) - 1
             if left:
-                self._active[generation] = left
-            self._drop_before(min([self._generation - keep, *self._active]))
+                self._active[step] = left
+            self._drop_passed()
 
-    def _drop_before(self, generation: int) -> None:
-        for key in [k for k, g in self._used.items() if g < generation]:
-            del self._used[key]
-            self._bytes -= self._tables.pop(key).nbytes
+    def _keep(self, key: Hashable, until: int | None) -> None:
+        if until is not None:
+            self._until[key] = max(until, self._until.get(key, until))
+
+    def _drop_passed(self) -> None:
+        floor = min([*self._begun, *self._active])
+        for key in [k for k, u in self._until.items() if u < floor]:
+            self._drop(key)
+
+    def _drop(self, key: Hashable) -> None:
+        self._until.pop(key, None)
+        del self._held[key]
+        self._bytes -= self._sizes.pop(key)
+

@@ -3,9 +3,13 @@ the log says of it before it is decoded."""
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +28,8 @@ MAX_DECODED_BYTES_PER_ROW = 256 << 20
 a producer's default largest sample (``max_sample_bytes``, 64 MiB), so that no fragment a
 producer writes is refused, and a crafted one (a few KB that honestly decode to gigabytes)
 is refused before it is decoded."""
+LastStep = Callable[[int, int], int]
+"""The last step that may read offsets ``[lo, hi)`` of a stream (``MixPlan.last_step``)."""
 _WIDTHS = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
 
 
@@ -52,13 +58,36 @@ def decoded_bound(md: pq.FileMetaData) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class Footer:
+    """A fragment's Parquet footer, and the first row of each of its row groups (then its
+    row count)."""
+
+    metadata: pq.FileMetaData
+    starts: list[int]
+
+    @classmethod
+    def of(cls, md: pq.FileMetaData) -> Footer:
+        starts = [0]
+        for i in range(md.num_row_groups):
+            starts.append(starts[-1] + md.row_group(i).num_rows)
+        return cls(md, starts)
+
+    def groups(self, start: int, stop: int) -> range:
+        """The row groups that hold rows of ``[start, stop)``."""
+        return range(bisect.bisect_right(self.starts, start) - 1,
+                     bisect.bisect_left(self.starts, stop))
+
+
 class FragmentReader:
     """Reads row ranges of fragments, only the row groups needed; caches Parquet footers.
 
     Every fragment is checked against what the log says of it before it is decoded: its row
     count, its schema (the stream's), and the bound its footer gives of what it decodes to
     (``MAX_DECODED_BYTES_PER_ROW``); a fragment that fails is ``CorruptLogError`` in time and
-    memory bounded by its footer.
+    memory bounded by its footer. A read's three parts (``fetch`` a file read whole, its
+    ``footer``, ``decode`` row groups) are apart for ``read_spans``'s cache, which keeps
+    each one's result for the steps that draw on it.
     """
 
     def __init__(self, store: ObjectStore, cache_size: int = 256, *,
@@ -66,7 +95,7 @@ class FragmentReader:
         self.store = store
         self.schema = schema
         self._expected: dict[tuple[str, ...] | None, tuple[list[str], list[pa.DataType]]] = {}
-        self._footers: OrderedDict[str, pq.FileMetaData] = OrderedDict()
+        self._footers: OrderedDict[str, Footer] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
 
@@ -82,45 +111,94 @@ class FragmentReader:
                 log recorded, holds another number of rows than the log says, has another
                 schema than the stream's, or would decode to more than its rows may.
         """
-        try:
-            whole = 0 <= crc32 and read_whole(size, (stop - start) / rows if rows else 0.0)
-            if whole:
-                data = self.store.get(path, max_bytes=max(size, 1))
-                found = zlib_ng.crc32(data)
-                if len(data) != size or found != crc32:
-                    raise ValueError(f"{len(data)} bytes with CRC-32 {found}, the log recorded "
-                                     f"{size} bytes with {crc32}: the file is damaged")
-                source: Any = pa.BufferReader(data)
-            else:
-                source = self.store.open_input(path, size)
-            with source as f:
-                with self._lock:
-                    md = self._footers.get(path)
-                # Read whole, every byte was checked against the CRC-32 the log records.
-                pf = pq.ParquetFile(f, metadata=md, page_checksum_verification=not whole)
-                if md is None:
-                    self._check(pf, rows)
-                    with self._lock:
-                        self._footers[path] = pf.metadata
-                        while len(self._footers) > self._cache_size:
-                            self._footers.popitem(last=False)
-                md = pf.metadata
-                groups, first, at = [], -1, 0
-                for i in range(md.num_row_groups):
-                    n = md.row_group(i).num_rows
-                    if at + n > start and at < stop:
-                        groups.append(i)
-                        first = at if first < 0 else first
-                    at += n
-                if at < stop:
-                    raise ValueError(f"holds {at} rows, the log says at least {stop}")
-                table = pf.read_row_groups(groups, columns=columns, use_threads=False)
-                self._check_schema(table, columns)
-        except NotFoundError:
-            raise
-        except (OSError, pa.ArrowException, ValueError) as e:
-            raise CorruptLogError(f"fragment {path} cannot be read: {e}") from None
-        return table.slice(start - first, stop - start)
+        wanted = (stop - start) / rows if rows else 0.0
+        data = self.fetch(path, size, crc32) if fetched_whole(size, crc32, wanted) else None
+        with _corrupt(path), self._source(path, size, data) as f:
+            pf, footer = self._open(f, path, rows, checked=data is not None)
+            if footer.starts[-1] < stop:
+                raise ValueError(f"holds {footer.starts[-1]} rows, the log says at least {stop}")
+            groups = footer.groups(start, stop)
+            table = self._decode(pf, groups, columns)
+        return table.slice(start - footer.starts[groups[0]], stop - start)
+
+    def fetch(self, path: str, size: int, crc32: int) -> pa.Buffer:
+        """The whole file at ``path``, checked against the size and CRC-32 the log recorded
+        (for a fragment ``fetched_whole``).
+
+        Raises:
+            NotFoundError: the file is gone.
+            CorruptLogError: it differs from what the log recorded.
+        """
+        with _corrupt(path):
+            data = self.store.get(path, max_bytes=max(size, 1))
+            found = zlib_ng.crc32(data)
+            if len(data) != size or found != crc32:
+                raise ValueError(f"{len(data)} bytes with CRC-32 {found}, the log recorded "
+                                 f"{size} bytes with {crc32}: the file is damaged")
+        return pa.py_buffer(data)
+
+    def cached_footer(self, path: str) -> Footer | None:
+        """The footer of ``path`` if this reader holds it (checked when it was read)."""
+        with self._lock:
+            return self._footers.get(path)
+
+    def footer(self, path: str, size: int, data: pa.Buffer | None,
+               rows: int | None) -> Footer:
+        """The footer of the fragment at ``path`` (of ``data`` if fetched whole, else read by
+        range), checked against the ``rows`` the log says it holds on first reading.
+
+        Raises:
+            NotFoundError: the file is gone.
+            CorruptLogError: it is not readable Parquet, or its footer breaks what the log
+                says of it (rows, the bound of what it decodes to).
+        """
+        footer = self.cached_footer(path)
+        if footer is None:
+            with _corrupt(path), self._source(path, size, data) as f:
+                _, footer = self._open(f, path, rows, checked=data is not None)
+        return footer
+
+    def decode(self, path: str, size: int, data: pa.Buffer | None, footer: Footer,
+               groups: Sequence[int], columns: list[str] | None) -> pa.Table:
+        """Row groups ``groups`` of the fragment at ``path`` (of ``data`` if fetched whole,
+        else read by range), checked against the stream's schema.
+
+        Raises:
+            NotFoundError: the file is gone.
+            CorruptLogError: a page fails its checksum or cannot be decoded, or the schema is
+                not the stream's.
+        """
+        with _corrupt(path), self._source(path, size, data) as f:
+            pf = pq.ParquetFile(f, metadata=footer.metadata,
+                                page_checksum_verification=data is None)
+            return self._decode(pf, groups, columns)
+
+    def _open(self, f: Any, path: str, rows: int | None, *, checked: bool
+              ) -> tuple[pq.ParquetFile, Footer]:
+        """The Parquet file ``f`` of ``path`` and its footer: cached, or read and checked
+        against the ``rows`` the log says it holds, then cached. ``checked``: ``f`` holds
+        bytes checked against the CRC-32 the log records."""
+        footer = self.cached_footer(path)
+        # Parquet's page checksums (slow) are checked only where the CRC-32 was not.
+        pf = pq.ParquetFile(f, metadata=None if footer is None else footer.metadata,
+                            page_checksum_verification=not checked)
+        if footer is None:
+            self._check(pf, rows)
+            footer = Footer.of(pf.metadata)
+            with self._lock:
+                self._footers[path] = footer
+                while len(self._footers) > self._cache_size:
+                    self._footers.popitem(last=False)
+        return pf, footer
+
+    def _decode(self, pf: pq.ParquetFile, groups: Sequence[int],
+                columns: list[str] | None) -> pa.Table:
+        table = pf.read_row_groups(list(groups), columns=columns, use_threads=False)
+        self._check_schema(table, columns)
+        return table
+
+    def _source(self, path: str, size: int, data: pa.Buffer | None) -> Any:
+        return pa.BufferReader(data) if data is not None else self.store.open_input(path, size)
 
     def _check(self, pf: pq.ParquetFile, rows: int | None) -> None:
         """The footer's promises against the log's (once per footer read)."""
@@ -157,29 +235,96 @@ def _brief(schema: pa.Schema) -> str:
 
 def read_spans(reader: FragmentReader, fragments: Sequence[Fragment],
                spans: Sequence[tuple[int, int]], columns: list[str] | None,
-               cache: FragmentCache | None = None) -> list[pa.Table]:
+               cache: FragmentCache | None = None,
+               last_step: LastStep | None = None) -> list[pa.Table]:
     """The rows at offsets ``[lo, hi)`` of each span, as slices in the order given, from
     ``fragments`` (contiguous, in offset order, covering every span). A fragment that several
-    spans touch is read once, over the rows they need; with a ``cache``, read whole, once
-    while the cache keeps it, in this thread (on a shared pool it cost more CPU:
-    ``bench/mixing.py``; the caller's reader threads already fill the cores)."""
-    plans = [plan_rows(fragments, a, b) for a, b in spans]
+    spans touch is read once, over the rows they need.
+
+    With a ``cache``, each row group is decoded once, and a file read whole fetched once,
+    while the cache keeps them: until ``last_step(lo, hi)``, the last step that may read
+    offsets ``[lo, hi)`` (None: until the cache's bound pushes them out). They are loaded
+    in this thread (on a shared pool it cost more CPU: ``bench/mixing.py``; the caller's
+    reader threads already fill the cores)."""
+    ranges = _row_ranges(fragments, spans)
     reach: dict[int, tuple[int, int]] = {}
-    for r in (r for plan in plans for r in plan):
-        start, stop = reach.get(r.index, (r.start, r.stop))
-        reach[r.index] = (min(start, r.start), max(stop, r.stop))
-    if cache is None:
-        tables = {i: reader.read(fragments[i].path, fragments[i].size, start, stop, columns,
-                                 crc32=fragments[i].crc32, rows=fragments[i].rows)
-                  for i, (start, stop) in reach.items()}
-    else:
-        kind = ",".join(columns) if columns is not None else "*"
+    for i, start, stop in ranges:
+        first, last = reach.get(i, (start, stop))
+        reach[i] = (min(first, start), max(last, stop))
+    tables: dict[int, tuple[pa.Table, int]] = {}  # rows from a first row on, and that row
+    for i, (start, stop) in reach.items():
+        f = fragments[i]
+        tables[i] = (reader.read(f.path, f.size, start, stop, columns, crc32=f.crc32,
+                                 rows=f.rows), start) if cache is None \
+            else _cached_rows(reader, cache, f, start, stop, columns, last_step)
+    return [tables[i][0].slice(start - tables[i][1], stop - start)
+            for i, start, stop in ranges]
 
-        def whole(f: Fragment) -> pa.Table:
-            return cache.fetch((f.path, kind), lambda: reader.read(
-                f.path, f.size, 0, f.rows, columns, crc32=f.crc32, rows=f.rows))
 
-        tables = {i: whole(fragments[i]) for i in reach}
-        reach = {i: (0, fragments[i].rows) for i in reach}
-    return [tables[r.index].slice(r.start - reach[r.index][0], r.stop - r.start)
-            for plan in plans for r in plan]
+def _row_ranges(fragments: Sequence[Fragment], spans: Sequence[tuple[int, int]]
+                ) -> list[tuple[int, int, int]]:
+    """(fragment index, first row, end row) covering each span in turn: ``plan_rows``, with
+    the spans inside one fragment (each sample of a shuffled step of single-sample groups)
+    found at once."""
+    offsets = [f.offset for f in fragments]
+    ends = [f.offset + f.rows for f in fragments]
+    out: list[tuple[int, int, int]] = []
+    for lo, hi in spans:
+        i = bisect.bisect_right(offsets, lo) - 1
+        if i >= 0 and hi <= ends[i]:
+            out.append((i, lo - offsets[i], hi - offsets[i]))
+        else:
+            out.extend((r.index, r.start, r.stop) for r in plan_rows(fragments, lo, hi))
+    return out
+
+
+def _cached_rows(reader: FragmentReader, cache: FragmentCache, f: Fragment, start: int,
+                 stop: int, columns: list[str] | None, last_step: LastStep | None
+                 ) -> tuple[pa.Table, int]:
+    """The row groups of ``f`` that hold rows ``[start, stop)``, and the first row of them,
+    through ``cache``; the file's bytes, when it is fetched whole, are kept while row groups
+    of it are still to be decoded."""
+    kind = ",".join(columns) if columns is not None else "*"
+    whole = fetched_whole(f.size, f.crc32, (stop - start) / f.rows if f.rows else 0.0)
+
+    def until(lo: int, hi: int) -> int | None:
+        return None if last_step is None else last_step(f.offset + lo, f.offset + hi)
+
+    def data() -> pa.Buffer | None:
+        if not whole:
+            return None
+        return cache.fetch((f.path,), lambda: reader.fetch(f.path, f.size, f.crc32),
+                           until=until(0, f.rows))
+
+    footer = reader.cached_footer(f.path) or reader.footer(f.path, f.size, data(), f.rows)
+    starts = footer.starts
+
+    def decode(g: int) -> pa.Table:
+        return reader.decode(f.path, f.size, data(), footer, [g], columns)
+
+    groups = footer.groups(start, stop)
+    parts = [cache.fetch((f.path, kind, g), partial(decode, g),
+                         until=until(starts[g], starts[g + 1])) for g in groups]
+    if whole and cache.holds((f.path,)) \
+            and cache.holds(*[(f.path, kind, g) for g in range(len(starts) - 1)]):
+        cache.discard((f.path,))  # every row group decoded: the bytes are done with
+    return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), starts[groups[0]]
+
+
+def fetched_whole(size: int, crc32: int, wanted: float = 0.0) -> bool:
+    """Whether a fragment of which a read wants the fraction ``wanted`` of its rows is fetched
+    whole, in one GET, and checked against its CRC-32 (``lakestream.log.fragments.read_whole``;
+    a fragment whose commit recorded no CRC-32 is read by range)."""
+    return 0 <= crc32 and read_whole(size, wanted)
+
+
+@contextmanager
+def _corrupt(path: str) -> Iterator[None]:
+    """Turns what a damaged file raises into ``CorruptLogError`` (a missing one stays
+    ``NotFoundError``)."""
+    try:
+        yield
+    except NotFoundError:
+        raise
+    except (OSError, pa.ArrowException, ValueError) as e:
+        raise CorruptLogError(f"fragment {path} cannot be read: {e}") from None

@@ -17,7 +17,7 @@ from lakestream.log.segments import Fragment, SegmentError
 from lakestream.log.view import LogView
 from lakestream.plan.slices import check_world, slice_offsets
 from lakestream.read.cache import FragmentCache
-from lakestream.read.fragments import FragmentReader, read_spans
+from lakestream.read.fragments import FragmentReader, LastStep, read_spans
 from lakestream.read.lineage import StepLineage, step_lineage
 
 
@@ -44,8 +44,8 @@ class Readable(Protocol):
     def poll(self) -> int: ...
     def poll_wait_s(self) -> float: ...
     def read_offsets(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None,
-                     *, what: str | None = None,
-                     cache: FragmentCache | None = None) -> pa.Table: ...
+                     *, what: str | None = None, cache: FragmentCache | None = None,
+                     last_step: LastStep | None = None) -> pa.Table: ...
 
 
 class OffsetReader:
@@ -56,8 +56,10 @@ class OffsetReader:
         self._fragments = FragmentReader(view.store, schema=view.state.stream_meta.schema)
 
     def read(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None, *,
-             what: str | None = None, cache: FragmentCache | None = None) -> pa.Table:
-        """The samples at offsets ``[lo, hi)`` of each span, in the order given.
+             what: str | None = None, cache: FragmentCache | None = None,
+             last_step: LastStep | None = None) -> pa.Table:
+        """The samples at offsets ``[lo, hi)`` of each span, in the order given (through
+        ``cache``, kept until ``last_step``: see ``read_spans``).
 
         Raises:
             StepNotAvailableError: an offset is not committed yet, or was reclaimed.
@@ -79,7 +81,7 @@ class OffsetReader:
             unknown = [c for c in columns if c not in schema.names]
             if unknown:
                 raise ValueError(f"unknown columns {unknown}; the stream has {schema.names}")
-        parts = read_spans(self._fragments, fragments, spans, columns, cache)
+        parts = read_spans(self._fragments, fragments, spans, columns, cache, last_step)
         if columns is not None:
             schema = pa.schema([schema.field(c) for c in columns])
         return pa.concat_tables(parts) if parts else schema.empty_table()

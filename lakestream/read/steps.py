@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import pyarrow as pa
@@ -125,11 +126,11 @@ class Steps(Protocol):
 
 
 CACHE_BYTES = 512 << 20
-"""What a shuffled mix keeps decoded per process: a window's fragments, so that its steps
-decode each fragment once rather than once per step."""
+"""What a shuffled mix may keep decoded per process: a window's fragments, so that its steps
+fetch and decode each fragment once rather than once per step."""
 SEAM_CACHE_BYTES = 64 << 20
-"""What a mix in log order keeps: the fragments a step shares with the next (a source's
-take need not end on a fragment's end), so that each is decoded once, not twice."""
+"""What a mix in log order may keep: the fragments a step shares with the next ones (a
+fragment may hold several steps' samples, and a take need not end on a fragment's end)."""
 
 
 class MixSteps:
@@ -141,9 +142,10 @@ class MixSteps:
             raise ValueError(f"{len(streams)} streams for {len(plan.sources)} sources")
         self.streams = list(streams)
         self._plan = plan
-        seams = len(plan.sources) > 1 or plan.sources[0].take != streams[0].global_batch_size
-        self._cache = FragmentCache(CACHE_BYTES) if plan.shuffle_window is not None \
-            else FragmentCache(SEAM_CACHE_BYTES) if seams else None
+        self.cache = FragmentCache(CACHE_BYTES if plan.shuffle_window is not None
+                                   else SEAM_CACHE_BYTES)
+        """What this process's reads of the steps share of the sources' fragments, each kept
+        until the last step that may read it (``MixPlan.last_step``)."""
 
     @classmethod
     def single(cls, stream: Readable) -> MixSteps:
@@ -221,17 +223,14 @@ class MixSteps:
         plan = self.plan
         what = f"step {step}" if len(self.streams) == 1 else f"step {step} of the mix"
         spans = plan.rank_spans(step, rank, world_size)
-        window = None
-        if self._cache is not None and plan.shuffle_window is not None:
-            window = (step - plan.base_step) // plan.shuffle_window
-            self._cache.begin(window)  # windows are read one after another
+        self.cache.begin(step)
         try:
-            parts = [stream.read_offsets(s, columns, what=what, cache=self._cache)
-                     for stream, s in zip(self.streams, spans, strict=True) if s]
+            parts = [stream.read_offsets(s, columns, what=what, cache=self.cache,
+                                         last_step=partial(plan.last_step, i, step))
+                     for i, (stream, s) in enumerate(zip(self.streams, spans, strict=True))
+                     if s]
         finally:
-            if window is not None:
-                assert self._cache is not None
-                self._cache.end(window, keep=0 if plan.aligned else 1)
+            self.cache.end(step)
         if len(parts) == 1:
             return parts[0]
         # Sources agree on the columns' types (``check_columns``); nullability or metadata

@@ -13,7 +13,7 @@ import pytest
 import lakestream
 from lakestream.errors import StepNotAvailableError
 from lakestream.loaders import Source, StreamDataset, StreamLoader
-from tests.helpers import SCHEMA, rows, step_ids, worker_options
+from tests.helpers import SCHEMA, count_reads, rows, step_ids, worker_options
 
 A_TAKE, B_TAKE = 8, 4
 A_SIZE, B_SIZE = 64, 32  # 8 steps per epoch from each
@@ -282,3 +282,25 @@ def test_cycle_and_epochs_refuse_a_stream_retention_trimmed(tmp_path) -> None:
         StreamDataset([Source(s.uri, take=4, cycle=True)], group=None)
     with pytest.raises(ValueError, match="reclaimed its samples below offset 4"):
         StreamDataset(s.uri, group=None, epochs=2)
+
+
+@pytest.mark.parametrize("shuffled", [False, True], ids=["log order", "shuffled 45+15"])
+def test_a_reader_fetches_each_fragment_once_however_many_steps_draw_on_it(
+        tmp_path, shuffled: bool) -> None:
+    # An SFT mix of single-sample groups written 64 to a fragment, and the same samples in
+    # log order (steps of 60: most fragments span two), read through the reader's threads.
+    a = lakestream.create(str(tmp_path / "a"), SCHEMA, global_batch_size=45)
+    b = lakestream.create(str(tmp_path / "b"), SCHEMA, global_batch_size=15)
+    plain = lakestream.create(str(tmp_path / "plain"), SCHEMA, global_batch_size=60)
+    for stream, n, first in ((a, 960, 0), (b, 320, 1000)):
+        for k in range(first, first + n, 64):
+            stream.append(rows(k, 64))
+            plain.append(rows(k, 64))
+    ds = StreamDataset([Source(a.uri, 45), Source(b.uri, 15)], shuffle_window=10,
+                       group=None, max_steps=20) if shuffled \
+        else StreamDataset(plain.uri, group=None, max_steps=20)
+    ds.mix  # noqa: B018 - opens the streams before counting
+    with count_reads() as (gets, decoded):
+        seen = [i for batch in ds for i in batch["id"].tolist()]
+    assert len(seen) == len(set(seen)) == 20 * 60
+    assert set(gets.values()) == {1} and decoded[0] == len(gets)

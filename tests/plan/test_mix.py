@@ -185,6 +185,40 @@ def test_a_fragment_is_read_within_the_windows_of_steps_a_reader_keeps(
         assert all(max(t) - min(t) <= keep for t in windows.values()), dict(windows)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.booleans().flatmap(_plans), st.data())
+def test_no_step_after_last_step_reads_what_a_step_read_until_the_source_comes_round(
+        case: tuple[MixPlan, int], data: st.DataObject) -> None:
+    # What lets a reader's cache drop a fragment once its last step is read: every later
+    # read of offsets [lo, hi) in the same pass over the source (epoch, cycle) is at or
+    # before last_step, and, where the source's windows are permuted, in the same source
+    # window (a fragment across two permuted windows is read again when the second comes).
+    # And it is not much later: the cache holds no more than the reads need.
+    plan, _ = case
+    w = plan.shuffle_window
+    end = min(plan.num_steps or 40, 40)
+    for i, s in enumerate(plan.sources):
+        lo = data.draw(st.integers(0, 3 * s.take))
+        hi = lo + data.draw(st.integers(1, 3 * s.take))
+        reads: defaultdict[tuple[int, int], list[int]] = defaultdict(list)
+        for step in range(end):
+            for j, x in enumerate(_read(plan, step, 0, 1)[i]):
+                if not lo <= x < hi:
+                    continue
+                if s.cycle:
+                    assert s.sealed
+                    turn = (plan.position(i, step) + j) // s.sealed
+                else:
+                    turn = step // plan.steps_per_epoch if plan.steps_per_epoch else 0
+                permuted = w is not None and (s.cycle or plan.epochs is not None)
+                reads[turn, x // (w * s.take) if permuted else 0].append(step)
+        for steps in reads.values():
+            for t in steps:
+                last = plan.last_step(i, t, lo, hi)
+                assert max(steps) <= last, (t, steps, last)
+                assert last - t <= (hi - lo) // s.take + (1 if w is None else 2 * w)
+
+
 def test_windows_align_unless_a_permuted_source_has_a_short_window_or_an_epoch_cuts_one(
         ) -> None:
     live = SourcePlan(4, 1)

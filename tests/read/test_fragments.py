@@ -92,12 +92,11 @@ def test_a_small_fragment_is_checked_by_its_crc_alone(tmp_path) -> None:
         _read(tmp_path / "checked", damaged, crc32=zlib.crc32(body))
 
 
-def test_the_fragment_cache_decodes_once_and_drops_a_window_once_nobody_reads_it() -> None:
+def test_the_fragment_cache_loads_once_and_keeps_an_entry_until_its_last_step_is_read(
+        ) -> None:
     import threading
 
-    import pyarrow as pa
-
-    from lakestream.read.cache import FragmentCache
+    from lakestream.read.cache import OVERTAKEN, FragmentCache
 
     cache = FragmentCache(max_bytes=1 << 30)
     loads: list[str] = []
@@ -116,27 +115,46 @@ def test_the_fragment_cache_decodes_once_and_drops_a_window_once_nobody_reads_it
     for t in threads:
         t.join()
     assert loads == ["a"] and cache.decoded == 1  # four readers, one decode
-    cache.begin(0)  # a read of window 0
-    cache.begin(1)  # and one of window 1, while the first is still in flight
-    cache.fetch(("b", "*"), lambda: load("b"))
-    cache.fetch(("a", "*"), lambda: load("a"))  # the window-0 read: "a" is still there
-    assert loads == ["a", "b"]
+    cache.begin(0)
+    cache.fetch("a0", lambda: load("a0"), until=0)
+    cache.fetch("b2", lambda: load("b2"), until=2)
     cache.end(0)
+    cache.begin(1)  # a read of step 1 while step 0's is over: step 0's entry stays a while
     cache.end(1)
-    cache.fetch(("b", "*"), lambda: load("b"))  # no read in flight: window 1 is kept
-    assert loads == ["a", "b"]
+    assert cache.holds("a0", "b2", ("a", "*"))
+    # Later steps begin, and end, before step 2 does (a pool thread took it first but began
+    # it last): what step 2 needs stays.
+    for step in range(3, 3 + OVERTAKEN):
+        cache.begin(step)
+        cache.end(step)
+    assert not cache.holds("a0") and cache.holds("b2")
     cache.begin(2)
-    cache.fetch(("c", "*"), lambda: load("c"))
-    cache.end(2)  # nothing reads window 1 any more: what it used goes at once
-    cache.fetch(("a", "*"), lambda: load("a"))
-    cache.fetch(("c", "*"), lambda: load("c"))
-    assert loads == ["a", "b", "c", "a"]
-    cache.begin(3)  # a read of window 3 starts before the last one of window 2 does
-    cache.begin(2)
-    cache.fetch(("c", "*"), lambda: load("c"))
+    cache.fetch("b2", lambda: load("b2"), until=2)
     cache.end(2)
-    cache.end(3)
-    assert loads == ["a", "b", "c", "a"]
+    assert loads == ["a", "a0", "b2"]  # b2 loaded once for steps 0..2
+    for step in range(3 + OVERTAKEN, 4 + 2 * OVERTAKEN):
+        assert cache.holds("b2")  # step 2 began lately: one begun before it may yet come
+        cache.begin(step)
+        cache.end(step)
+    assert not cache.holds("b2")  # every recent step is past it
+    assert cache.holds(("a", "*"))  # loaded with no last step: only the bound drops it
+
+
+def test_the_fragment_cache_stays_within_its_bound_least_recently_used_first_out() -> None:
+    from lakestream.read.cache import FragmentCache
+
+    one = pa.table({"x": list(range(100))})
+    size = one.get_total_buffer_size()
+    cache = FragmentCache(max_bytes=2 * size)
+    for key in "abc":
+        cache.fetch(key, lambda: one, until=10)
+        cache.fetch("a", lambda: one, until=10)  # "a" is used again each time
+    assert cache.holds("a", "c") and not cache.holds("b")
+    assert cache.nbytes == 2 * size
+    cache.fetch("data", lambda: pa.py_buffer(b"12345"))
+    assert cache.fetched == 1 and cache.decoded == 3  # files fetched, row groups decoded
+    cache.discard("data")
+    assert not cache.holds("data") and cache.nbytes <= 2 * size
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -154,12 +172,11 @@ def test_a_shuffled_mix_decodes_each_fragment_once_an_epoch_when_windows_straddl
     s.seal()
     mix = mix_steps([Source(s.uri, take=4)], [lakestream.open(s.uri)], shuffle_window=4,
                     epochs=3, seed=seed)
-    cache = mix._cache
-    assert cache is not None
+    cache = mix.cache
     fetch, decoded = cache.fetch, []
 
-    def counted(key, load):  # what each epoch decodes
-        return fetch(key, lambda: (decoded[-1].append(key), load())[1])
+    def counted(key, load, until=None):  # what each epoch decodes
+        return fetch(key, lambda: (decoded[-1].append(key), load())[1], until=until)
 
     cache.fetch = counted  # type: ignore[method-assign]
     seen = []
