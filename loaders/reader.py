@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
+from lakestream.read.cache import FragmentCache
 from lakestream.read.steps import MixSteps, Steps
 from lakestream.stream import Stream
 
@@ -55,6 +56,9 @@ class StepReader:
         self.columns, self.prefetch, self.threads = columns, prefetch, threads
         self.timeout, self.poll_min_s, self.poll_max_s = timeout, poll_min_s, poll_max_s
         self.stop, self.finish = stop, finish
+        cache = getattr(self.steps, "cache", None)
+        if isinstance(cache, FragmentCache):  # steps begun out of order, up to prefetch
+            cache.expect_overtaking(prefetch)
         self.wait_s = 0.0
         """Time spent waiting for steps to become visible."""
         self.read_latencies_s: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)

@@ -51,6 +51,13 @@ class FragmentCache:
         self.fetched = 0
         """Buffers loaded through the cache (misses): whole files fetched."""
 
+    def expect_overtaking(self, steps: int) -> None:
+        """A reader keeps up to ``steps`` steps in flight (its prefetch): keep what a step
+        needs until that many later ones have begun, not only ``OVERTAKEN``."""
+        with self._lock:
+            if steps + 1 > (self._begun.maxlen or 0):
+                self._begun = deque(self._begun, maxlen=steps + 1)
+
     @property
     def nbytes(self) -> int:
         """The bytes held now."""

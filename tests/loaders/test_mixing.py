@@ -285,8 +285,10 @@ def test_cycle_and_epochs_refuse_a_stream_retention_trimmed(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("shuffled", [False, True], ids=["log order", "shuffled 45+15"])
+@pytest.mark.parametrize("threads, prefetch", [(None, None), (6, 12)],
+                         ids=["defaults", "prefetch-12"])
 def test_a_reader_fetches_each_fragment_once_however_many_steps_draw_on_it(
-        tmp_path, shuffled: bool) -> None:
+        tmp_path, shuffled: bool, threads: int | None, prefetch: int | None) -> None:
     # An SFT mix of single-sample groups written 64 to a fragment, and the same samples in
     # log order (steps of 60: most fragments span two), read through the reader's threads.
     a = lakestream.create(str(tmp_path / "a"), SCHEMA, global_batch_size=45)
@@ -296,9 +298,10 @@ def test_a_reader_fetches_each_fragment_once_however_many_steps_draw_on_it(
         for k in range(first, first + n, 64):
             stream.append(rows(k, 64))
             plain.append(rows(k, 64))
+    tuning = {"read_threads": threads, "prefetch": prefetch}
     ds = StreamDataset([Source(a.uri, 45), Source(b.uri, 15)], shuffle_window=10,
-                       group=None, max_steps=20) if shuffled \
-        else StreamDataset(plain.uri, group=None, max_steps=20)
+                       group=None, max_steps=20, **tuning) if shuffled \
+        else StreamDataset(plain.uri, group=None, max_steps=20, **tuning)
     ds.mix  # noqa: B018 - opens the streams before counting
     with count_reads() as (gets, decoded):
         seen = [i for batch in ds for i in batch["id"].tolist()]

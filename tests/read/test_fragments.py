@@ -186,3 +186,32 @@ def test_a_shuffled_mix_decodes_each_fragment_once_an_epoch_when_windows_straddl
             seen += mix.read(step, 0, 1).column("id").to_pylist()
         assert len(decoded[-1]) == len(set(decoded[-1])), f"epoch {epoch}: {decoded[-1]}"
     assert sorted(seen) == sorted(list(range(40)) * 3)
+
+
+@pytest.mark.parametrize("prefetch, loads", [(None, 2), (8, 1)])
+def test_the_cache_keeps_what_a_step_begun_late_needs_up_to_the_readers_prefetch(
+        prefetch: int | None, loads: int) -> None:
+    """A reader with a prefetch of 8 may begin step 2 after steps 3 to 9 have come and gone:
+    what step 3 loaded, and step 2 needs, must still be there (the cache kept the last 5
+    steps begun, whatever the prefetch)."""
+    from lakestream.read.cache import FragmentCache
+
+    cache = FragmentCache(max_bytes=1 << 30)
+    if prefetch is not None:
+        cache.expect_overtaking(prefetch)
+    calls: list[int] = []
+
+    def load() -> pa.Table:
+        calls.append(1)
+        return pa.table({"x": [1]})
+
+    cache.begin(3)
+    cache.fetch("k", load, until=3)
+    cache.end(3)
+    for step in range(4, 10):
+        cache.begin(step)
+        cache.end(step)
+    cache.begin(2)
+    cache.fetch("k", load, until=3)
+    cache.end(2)
+    assert len(calls) == loads
