@@ -84,7 +84,7 @@ def _names(message: str, kind: str, rel: str) -> bool:
     return rel in message
 
 
-TRIALS = 3000 if SOAK else 400
+TRIALS = 3000 if SOAK else 250
 
 
 def test_every_damage_is_caught_or_recovered(original, tmp_path, tally: Counter[str]) -> None:
