@@ -90,8 +90,12 @@ for e in range(1, 2000):
 
 
 def _run(python: str, code: str, *args: str) -> dict[str, Any]:
+    # From a neutral folder: ``-c`` puts the working directory first on the path, and this
+    # checkout's ``lakestream/`` would shadow the one measured.
     out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True,
-                         timeout=600, check=True)
+                         timeout=600, cwd=tempfile.gettempdir())
+    if out.returncode != 0:
+        raise RuntimeError(f"{python} {args}: {out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -111,7 +115,7 @@ def main() -> None:
     tmp_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
         # One stream for both: the log format is the same, and reading is what is measured.
-        subprocess.run([pythons["before"], "-c", PREPARE, tmp, bench], check=True,
+        subprocess.run([pythons["before"], "-c", PREPARE, tmp, bench], check=True, cwd=tmp,
                        timeout=600)
         for rep in range(args.reps):
             for kind in args.kinds:
