@@ -338,8 +338,8 @@ def decode_entry(version: int, data: bytes) -> Entry:
         raise ValueError(f"unknown operation {op!r}")
     except CorruptLogError:
         raise
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, IndexError,
-            RecursionError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, IndexError,
+            RecursionError) as e:  # AttributeError: an object where JSON held another type
         problem = "its JSON is nested too deeply" if isinstance(e, RecursionError) else e
         raise CorruptLogError(f"log version {version} cannot be read: {problem}") from None
 

@@ -211,3 +211,26 @@ def test_a_reclaim_past_what_the_markers_hold_is_void(tmp_path) -> None:
     # What retain may reclaim (below the marker) still goes.
     assert s.retain(keep_last=1) is not None
     assert lakestream.open(s.uri).state.reclaimed_below == 40
+
+
+@pytest.mark.parametrize("field, value", [("tags", True), ("tags", [1]), ("path", 7)])
+def test_an_entry_with_a_value_of_another_type_is_damage(field: str, value: object) -> None:
+    """Found by the soak's fuzzing: ``"tags": true`` in an add action raised a raw
+    ``AttributeError`` from the decoder."""
+    import json
+
+    from lakestream.log.codec import decode_entry, encode_entry, lines_checksum
+    from lakestream.log.entries import Append, FragmentRef
+
+    ref = FragmentRef("data/p/0-0-a.parquet", 4, 10, 0, 0, 1)
+    lines = [json.loads(line) for line in encode_entry(Append("p", 0, (ref,), None, "c"))
+             .decode().splitlines()]
+    for action in lines:
+        if "add" in action:
+            action["add"][field] = value
+    info = lines[0]["commitInfo"]["lakestream"]
+    info.pop("crc32")
+    info["crc32"] = lines_checksum(lines)
+    data = "".join(json.dumps(a) + "\n" for a in lines).encode()
+    with pytest.raises(CorruptLogError, match="log version 1"):
+        decode_entry(1, data)
