@@ -40,8 +40,12 @@ def decoded_bound(md: pq.FileMetaData) -> int:
     its dictionary as it has values beyond one per row (each row's one value is at most the
     dictionary)."""
     total = 0
+    columns = md.num_columns
     for i in range(md.num_row_groups):
         group = md.row_group(i)
+        if group.num_columns != columns:  # pyarrow aborts the process on reading past them
+            raise ValueError(f"row group {i} holds {group.num_columns} columns, the schema "
+                             f"{columns}")
         for j in range(group.num_columns):
             chunk = group.column(j)
             n = chunk.num_values

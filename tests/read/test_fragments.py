@@ -215,3 +215,20 @@ def test_the_cache_keeps_what_a_step_begun_late_needs_up_to_the_readers_prefetch
     cache.fetch("k", load, until=3)
     cache.end(2)
     assert len(calls) == loads
+
+
+def test_a_footer_whose_row_group_has_other_columns_than_the_schema_is_refused() -> None:
+    """Found by the soak's fuzzing of fragment bytes: pyarrow aborted the whole process on
+    reading a column chunk past the ones a mutated row group held. The bound refuses such a
+    footer before touching a column."""
+    from types import SimpleNamespace
+
+    from lakestream.read.fragments import decoded_bound
+
+    def column(j: int) -> object:
+        raise AssertionError("a column chunk was read")
+
+    group = SimpleNamespace(num_columns=3, num_rows=1, column=column)
+    md = SimpleNamespace(num_columns=2, num_row_groups=1, row_group=lambda i: group)
+    with pytest.raises(ValueError, match="row group 0 holds 3 columns, the schema 2"):
+        decoded_bound(md)  # type: ignore[arg-type]
