@@ -488,6 +488,38 @@ def _sft_mix_section(sft: dict[str, Any]) -> list[str]:
     return out
 
 
+def _gpu_section(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The stand-in (or CUDA) loader runs of ``bench/gpu.py``, one table per kind of data."""
+    out = ["## Multimodal loaders feeding one trainer (`bench/gpu.py`)", "",
+           "Batches of 64 samples fed to one trainer by each loader, each measurement in a "
+           "process of its own, repetitions interleaved; medians (min-max). With "
+           "`--stand-in` the trainer is the CPU stand-in of a launch-bound CUDA loop: its "
+           "thread runs tiny torch ops for a fixed 32 ms a step, so a loader's score is the "
+           "fraction of the run spent stepping (of synthetic batches). `next()` is the "
+           "trainer thread's CPU per batch outside the step; CPU-s per GB counts the trainer "
+           "process and its workers, less the steps; `dispatch` is the trainer's op rate "
+           "while stepping, of synthetic's.", ""]
+    for kind, r in runs:
+        m, c, s = r["machine"], r["config"], r["spreads"]
+        out += [f"{kind} ({c['batch']} a batch, {m['cores']} cores, {m.get('cpu', '')}, "
+                f"torch {m['torch']}):", "",
+                "| loader | of synthetic | samples/s | `next()` CPU ms | CPU-s per GB | "
+                "dispatch |", "| --- | --- | --- | --- | --- | --- |"]
+        for name, x in s.items():
+            out.append(f"| {name} | {_ratio(x['of_synthetic'])} | "
+                       f"{x['samples_per_s']['median']:.0f} | "
+                       f"{x['next_cpu_ms']['median']:.2f} | "
+                       f"{x['cpu_s_per_gb']['median']:.2f} | "
+                       f"{x['dispatch_of_synthetic']['median']:.2f} |")
+        for name, x in r["ratios"].items():
+            out.append(f"\n{name}: {_ratio(x)}.")
+        p = r["producer"]
+        out += ["", f"Writing the stream: a producer spent {p['cpu_s_per_raw_gb']:.2f} CPU-s "
+                f"per GB of raw samples ({p['fragments']} fragments).", "",
+                f"Command: `{r['command'].strip()}`", ""]
+    return out
+
+
 def brokers_notes(brokers: dict[str, Any]) -> list[str]:
     """Where a Lakestream producer's CPU goes beyond its encode floor, from the run's own
     figures: the floor, the same bodies put to the same store alone, and the rest."""
@@ -738,6 +770,11 @@ def main() -> None:
     loader = _load("loader")
     if isinstance(loader, dict) and "systems" in loader:
         out += _loader_section(loader)
+    gpu = [(kind, r) for kind, name in (("Raw 224x224x3 uint8 images", "gpu_standin"),
+                                        ("JPEG q90 images decoded by PIL", "gpu_standin_jpeg"))
+           if isinstance(r := _load(name), dict)]
+    if gpu:
+        out += _gpu_section(gpu)
     (ROOT / "BENCHMARKS.md").write_text("\n".join(out))
 
 

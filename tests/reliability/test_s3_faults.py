@@ -79,7 +79,14 @@ def _read(uri: str, options: dict[str, str], history: History, faults: FaultProx
     """Reads every step in order, both ranks, as steps appear, until it has read
     ``until.steps`` of them: told to stop only once that number is known, never sooner.
     Once it has read what it saw, it waits ``pause_s`` before looking again."""
-    s = lakestream.open(uri, storage_options=options)
+    s = None
+    while s is None:  # opening meets faults too: a reader opens again, as it reads again
+        if time.monotonic() > until.deadline:
+            return
+        try:
+            s = lakestream.open(uri, storage_options=options)
+        except LakestreamError:
+            time.sleep(pause_s)
     step = 0
     while until.steps is None or step < until.steps:
         if time.monotonic() > until.deadline:
