@@ -1,5 +1,5 @@
 """Token balance across ranks: the step's groups split by today's contiguous equal-count
-slices vs ``lakestream.balance.balance_groups``, at W=8, over many steps.
+slices vs ``lakestream.plan.balance.balance_groups``, at W=8, over many steps.
 
 For each (B, G) setting and length distribution, every step's group costs (tokens per group
 of G responses) are split both ways; the figure is the slowest rank's tokens over the mean

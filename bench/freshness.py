@@ -81,7 +81,7 @@ def _reader(uri: str, options: dict[str, str] | None, start_at: float, until: fl
             expected: int, out: Any) -> None:
     import lakestream
     from lakestream.loaders.reader import StepReader
-    from lakestream.steps import MixSteps
+    from lakestream.read.steps import MixSteps
 
     stream = lakestream.open(uri, storage_options=options)
     gets = {"n": 0}
