@@ -205,7 +205,10 @@ def collate_table(table: pa.Table, mode: str = "padded", *,
                 out[field.name], lengths = _pad(chunks, dtype, shared)
                 out[f"{field.name}_lengths"] = _copy(lengths, shared)
         elif pa.types.is_binary(t):
-            spec = tensor_spec(field)
+            try:
+                spec = tensor_spec(field)
+            except ValueError as e:  # the schema came from the store: damage, not a bug
+                raise CorruptLogError(f"the stream's schema: {e}") from None
             if spec is not None:
                 out[field.name] = _tensor(field.name, _binary_chunks(col), spec, shared)
             else:

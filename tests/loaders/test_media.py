@@ -165,3 +165,12 @@ def test_a_device_that_is_not_a_cpu_or_gpu_is_refused(tmp_path: Path) -> None:
     uri, _ = _image_stream(tmp_path)
     with pytest.raises(ValueError, match="CPU or CUDA device"):
         StreamDataset(uri, group=None, device="meta")
+
+
+def test_malformed_tensor_metadata_read_from_the_store_is_corrupt_not_a_crash() -> None:
+    from lakestream.schema.tensors import TENSOR_KEY
+
+    field = pa.field("x", pa.binary(), metadata={TENSOR_KEY: b'{"shape": "wide"}'})
+    table = pa.Table.from_arrays([pa.array([b"\x00"])], schema=pa.schema([field]))
+    with pytest.raises(CorruptLogError, match="the stream's schema: column x"):
+        collate_table(table)
