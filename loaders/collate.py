@@ -118,27 +118,31 @@ def _pack(chunks: list[tuple[np.ndarray, np.ndarray]], dtype: np.dtype[Any], sha
     return tensor, _copy(np.concatenate(starts), shared)
 
 
-def _binary_chunks(column: pa.ChunkedArray) -> list[tuple[pa.Buffer | None, np.ndarray]]:
-    """(data buffer, offsets into it) of each chunk of a binary column, a null row spanning
-    no bytes: the bytes are copied out where they lie, once."""
+def _binary_chunks(column: pa.ChunkedArray
+                   ) -> list[tuple[pa.Buffer | None, np.ndarray, np.ndarray | None]]:
+    """(data buffer, offsets into it, validity or None where no row is null) of each chunk of
+    a binary column, a null row spanning no bytes: the bytes are copied out where they lie,
+    once."""
     out = []
     for arr in column.chunks:
+        valid = None
         if arr.null_count:
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
             arr = pc.if_else(pc.is_valid(arr), arr, pa.scalar(b"", arr.type))
         bufs = arr.buffers()
         offsets = np.frombuffer(bufs[1], np.int32, len(arr) + 1, arr.offset * 4) \
             if len(arr) else np.zeros(1, np.int32)
-        out.append((bufs[2], offsets.astype(np.int64)))
+        out.append((bufs[2], offsets.astype(np.int64), valid))
     return out
 
 
-def _bytes(chunks: list[tuple[pa.Buffer | None, np.ndarray]], shared: bool
+def _bytes(chunks: list[tuple[pa.Buffer | None, np.ndarray, np.ndarray | None]], shared: bool
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """A binary column as its concatenated bytes and ``[n + 1]`` offsets into them."""
-    total = sum(int(o[-1] - o[0]) for _, o in chunks)
+    total = sum(int(o[-1] - o[0]) for _, o, _ in chunks)
     tensor, out = _zeros((total,), np.dtype(np.uint8), shared)
     starts, at = [np.zeros(1, np.int64)], 0
-    for data, offsets in chunks:
+    for data, offsets, _ in chunks:
         a, b = int(offsets[0]), int(offsets[-1])
         if b > a:
             assert data is not None
@@ -148,24 +152,26 @@ def _bytes(chunks: list[tuple[pa.Buffer | None, np.ndarray]], shared: bool
     return tensor, _copy(np.concatenate(starts), shared)
 
 
-def _tensor(name: str, chunks: list[tuple[pa.Buffer | None, np.ndarray]], spec: TensorSpec,
-            shared: bool) -> torch.Tensor:
+def _tensor(name: str, chunks: list[tuple[pa.Buffer | None, np.ndarray, np.ndarray | None]],
+            spec: TensorSpec, shared: bool) -> torch.Tensor:
     """A tensor column as one ``[n, *shape]`` tensor (null rows as zeros).
 
     Raises:
         CorruptLogError: a row that is neither a whole array nor null (a writer that went
             around the producer's checks).
     """
-    n = sum(len(o) - 1 for _, o in chunks)
+    n = sum(len(o) - 1 for _, o, _ in chunks)
     tensor, out = _zeros((n, spec.nbytes), np.dtype(np.uint8), shared)
     row = 0
-    for data, offsets in chunks:
+    for data, offsets, valid in chunks:
         lengths = np.diff(offsets)
         k = len(lengths)
-        if not np.all((lengths == spec.nbytes) | (lengths == 0)):
+        wrong = lengths != spec.nbytes if valid is None else (lengths != spec.nbytes) & valid
+        if wrong.any():
             raise CorruptLogError(
-                f"column {name} holds a value of {int(lengths[lengths != spec.nbytes][0])} "
-                f"bytes; its {spec.shape} {spec.dtype} tensors are {spec.nbytes} bytes")
+                f"column {name} holds a value of {int(lengths[wrong][0])} bytes at row "
+                f"{row + int(np.flatnonzero(wrong)[0])}; its {spec.shape} {spec.dtype} tensors "
+                f"are {spec.nbytes} bytes")
         a = int(offsets[0])
         if data is not None and np.all(lengths == spec.nbytes):  # the common case: one copy
             out[row:row + k] = np.frombuffer(data, np.uint8, k * spec.nbytes, a).reshape(

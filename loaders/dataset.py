@@ -18,7 +18,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lakestream.errors import LakestreamError, PermissionDeniedError
 from lakestream.loaders.collate import Collate, collate_table
-from lakestream.loaders.device import Delivery
+from lakestream.loaders.device import Delivery, check_delivery
 from lakestream.loaders.host import default_prefetch, default_read_threads, quick_gil_handoff
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
@@ -202,7 +202,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.prefetch, self.read_threads = prefetch, read_threads
         self.transform = transform
         self.pin_memory, self.device = pin_memory, device
-        Delivery(pin_memory, device)  # refuses them now where CUDA is missing
+        check_delivery(pin_memory, device)
         self.progress_interval_s = progress_interval_s
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")

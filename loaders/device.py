@@ -20,23 +20,34 @@ import torch
 EVENT_KEY = "_lakestream_ready"
 
 
-class Delivery:
-    """Pins batches and, with a CUDA ``device``, moves them there ahead of use.
+def check_delivery(pin_memory: bool, device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a ``torch.device``, once it is known that this process can deliver there.
 
     Raises:
         ValueError: ``pin_memory`` or a CUDA ``device`` where CUDA is not available, or a
             device that is neither CPU nor CUDA.
     """
+    dev = None if device is None else torch.device(device)
+    if dev is not None and dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be a CPU or CUDA device, got {device!r}")
+    if (pin_memory or (dev is not None and dev.type == "cuda")) \
+            and not torch.cuda.is_available():
+        raise ValueError("pin_memory=True and device='cuda' need CUDA, which this "
+                         "process does not have: leave them unset on a CPU-only host")
+    return dev
+
+
+class Delivery:
+    """Pins batches and, with a CUDA ``device``, moves them there ahead of use.
+
+    Raises:
+        ValueError: as ``check_delivery``.
+    """
 
     def __init__(self, pin_memory: bool, device: str | torch.device | None) -> None:
-        self.device = None if device is None else torch.device(device)
-        if self.device is not None and self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device must be a CPU or CUDA device, got {device!r}")
+        self.device = check_delivery(pin_memory, device)
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.pin = pin_memory or self.cuda
-        if self.pin and not torch.cuda.is_available():
-            raise ValueError("pin_memory=True and device='cuda' need CUDA, which this "
-                             "process does not have: leave them unset on a CPU-only host")
         self._local = threading.local()
 
     def _stream(self) -> torch.cuda.Stream:

@@ -115,8 +115,8 @@ class FragmentReader:
                 log recorded, holds another number of rows than the log says, has another
                 schema than the stream's, or would decode to more than its rows may.
         """
-        wanted = (stop - start) / rows if rows else 0.0
-        data = self.fetch(path, size, crc32) if fetched_whole(size, crc32, wanted) else None
+        data = self.fetch(path, size, crc32) \
+            if fetched_whole(size, crc32, stop - start, rows) else None
         with _corrupt(path), self._source(path, size, data) as f:
             pf, footer = self._open(f, path, rows, checked=data is not None)
             if footer.starts[-1] < stop:
@@ -289,7 +289,7 @@ def _cached_rows(reader: FragmentReader, cache: FragmentCache, f: Fragment, star
     through ``cache``; the file's bytes, when it is fetched whole, are kept while row groups
     of it are still to be decoded."""
     kind = ",".join(columns) if columns is not None else "*"
-    whole = fetched_whole(f.size, f.crc32, (stop - start) / f.rows if f.rows else 0.0)
+    whole = fetched_whole(f.size, f.crc32, stop - start, f.rows)
 
     def until(lo: int, hi: int) -> int | None:
         return None if last_step is None else last_step(f.offset + lo, f.offset + hi)
@@ -315,11 +315,12 @@ def _cached_rows(reader: FragmentReader, cache: FragmentCache, f: Fragment, star
     return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), starts[groups[0]]
 
 
-def fetched_whole(size: int, crc32: int, wanted: float = 0.0) -> bool:
-    """Whether a fragment of which a read wants the fraction ``wanted`` of its rows is fetched
-    whole, in one GET, and checked against its CRC-32 (``lakestream.log.fragments.read_whole``;
-    a fragment whose commit recorded no CRC-32 is read by range)."""
-    return 0 <= crc32 and read_whole(size, wanted)
+def fetched_whole(size: int, crc32: int, wanted: int, rows: int | None) -> bool:
+    """Whether a fragment of ``rows`` rows (None: not known) of which a read wants ``wanted``
+    is fetched whole, in one GET, and checked against its CRC-32
+    (``lakestream.log.fragments.read_whole``; a fragment whose commit recorded no CRC-32 is
+    read by range)."""
+    return 0 <= crc32 and read_whole(size, wanted / rows if rows else 0.0)
 
 
 @contextmanager

@@ -68,6 +68,16 @@ def test_a_tensor_value_of_the_wrong_length_is_corrupt_not_misread() -> None:
         collate_table(bad)
 
 
+def test_an_empty_value_that_is_not_null_is_corrupt_not_zeros() -> None:
+    """A null row is zeros; a present value of no bytes (a writer that went around the
+    producer's checks) is damage, also beside nulls in the same chunk."""
+    table, values = _table(3, nullable=True)
+    bad = pa.Table.from_arrays([pa.array([values[0].tobytes(), None, b""], pa.binary())],
+                               schema=table.schema)
+    with pytest.raises(CorruptLogError, match="column x holds a value of 0 bytes at row 2"):
+        collate_table(bad)
+
+
 @pytest.mark.parametrize("mode", ["padded", "packed"])
 def test_a_binary_column_collates_to_bytes_and_offsets(mode: str) -> None:
     blobs = [b"ab", None, b"", b"\x00\xff\x10", b"z" * 300]
