@@ -41,7 +41,8 @@ class Committer(threading.Thread):
     Adaptive policy: each commit carries every contiguous fragment uploaded since the last,
     and the wait between commits comes from an ``IntervalController`` fed with what this
     producer's commits saw (the rival producers whose entries they folded in, the races they
-    lost, the store's round trips), cut short once half the writer's in-flight
+    lost, the store's round trips, their CPU, whether writes wait for the upload threads),
+    cut short once half the writer's in-flight
     budget is uploaded — but never shorter than ``GAP_WINDOWS`` commit windows, nor than
     ``min_interval_s`` (a commit's own CPU, ~0.5-1 ms on a local disk, taken up to several
     hundred times a second by one fast producer, came out of the encoding's). That gap is
@@ -128,9 +129,11 @@ class Committer(threading.Thread):
                 # rather than pay for a put that fails. At low load, commit without reading
                 # first (after the floor of min_interval_s, not a wait of DAC's). Before
                 # the first commit the view may be as old as the producer.
+                cpu_s = time.thread_time()
                 result = p.stream.commit(
                     self._build(batch), self._commit_options,
                     catch_up=self._adaptive and (wait_s > 0 or contended or first))
+                cpu_s = time.thread_time() - cpu_s
                 if result is not None:
                     first = False
                     # Rival producers, not entries: those whose appends landed since our
@@ -144,8 +147,15 @@ class Committer(threading.Thread):
                     if self._adaptive:
                         # The store's round trips, not the latency (catching up after a
                         # long wait takes long) nor building the entry (it grows with the
-                        # batch); and the rival producers whose entries it folded in.
-                        wait_s = self._controller.observe(result.store_s, rivals)
+                        # batch); the rival producers whose entries it folded in; and,
+                        # when writes wait for the upload threads (more written than they
+                        # are uploading), the CPU a commit takes from them.
+                        with self._cond:
+                            ready = len(self._ready)
+                        waiting = p._inflight - len(batch) - ready  # not uploaded yet
+                        wait_s = self._controller.observe(
+                            result.store_s, rivals, cpu_s=cpu_s,
+                            bound=waiting > p.upload_threads)
                         gap_s = max(GAP_WINDOWS * result.window_s, self._min_gap_s)
                 p._on_committed(batch[-1].seq, batch[-1].state, batch)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call

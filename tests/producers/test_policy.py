@@ -68,6 +68,23 @@ def test_a_rival_seen_counts_at_once_and_one_gone_fades_in_a_few_commits() -> No
     assert waits[-1] == 0.0 and waits.index(0.0) <= 10  # alone again within ten commits
 
 
+def test_a_producer_bound_by_its_uploads_spends_at_most_a_share_of_its_cpu_committing() -> None:
+    # Writes waiting for the upload threads: each commit's CPU comes out of the uploads',
+    # so the wait is at least the commits' median CPU over the share (5%), rivals or not.
+    # Regression: 8 producers flat out on 2 cores spent 17-18% of their CPU committing.
+    c = _controller()
+    for _ in range(5):
+        c.observe(0.001, rivals=7, cpu_s=0.003)
+    assert c.interval == pytest.approx(8 * 0.001 / 0.3)  # not bound: the share alone
+    bound = c.observe(0.001, rivals=7, cpu_s=0.003, bound=True)
+    assert bound == pytest.approx(0.003 / IntervalController.BOUND_COMMIT_SHARE)
+    # The median, not one commit that caught up with many entries.
+    assert c.observe(0.001, rivals=7, cpu_s=0.5, bound=True) == pytest.approx(0.06)
+    alone = _controller()
+    assert alone.observe(0.001, rivals=0, cpu_s=0.002, bound=True) == pytest.approx(0.04)
+    assert alone.observe(0.001, rivals=0, cpu_s=0.002) == 0.0
+
+
 def test_the_wait_is_capped() -> None:
     c = _controller(max_s=0.05)
     assert c.observe(0.1, rivals=63) == 0.05

@@ -256,9 +256,9 @@ def test_the_committer_tells_dac_the_rival_producers_since_its_last_commit(
     controller = p._committer._controller
     observe = controller.observe
 
-    def recording(window_s: float, rivals: int) -> float:
+    def recording(window_s: float, rivals: int, **kwargs: Any) -> float:
         mine.append(rivals)
-        return observe(window_s, rivals)
+        return observe(window_s, rivals, **kwargs)
 
     monkeypatch.setattr(controller, "observe", recording)
     with Producer(uri, "b") as q, Producer(uri, "c") as r:
@@ -276,6 +276,41 @@ def test_the_committer_tells_dac_the_rival_producers_since_its_last_commit(
     p.write(rows(32, 4))
     p.close()
     assert mine == [1, 2]
+
+def test_the_committer_tells_dac_when_writes_wait_for_the_upload_threads(
+        tmp_path, monkeypatch) -> None:
+    """DAC is told each commit's CPU, and whether writes wait for the upload threads (the
+    producer is then bound by its own CPU and commits less often: ``IntervalController``):
+    so while a backlog of writes waits for one slow upload thread, and not once it has
+    drained."""
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    p = Producer(uri, "a", options=ProducerOptions(upload_threads=1))
+    seen: list[tuple[bool, float]] = []
+    controller = p._committer._controller
+    observe = controller.observe
+
+    def recording(window_s: float, rivals: int, *, cpu_s: float = 0.0,
+                  bound: bool = False) -> float:
+        seen.append((bound, cpu_s))
+        return observe(window_s, rivals, cpu_s=cpu_s, bound=bound)
+
+    monkeypatch.setattr(controller, "observe", recording)
+    upload = p._upload
+
+    def slow_upload(*args: Any) -> None:
+        time.sleep(0.005)
+        upload(*args)
+
+    monkeypatch.setattr(p, "_upload", slow_upload)
+    for i in range(60):
+        p.write(rows(4 * i, 4))
+    p.flush()
+    p.write(rows(240, 4))
+    p.close()
+    assert any(bound for bound, _ in seen) and not seen[-1][0], seen
+    assert all(cpu > 0 for _, cpu in seen)
+
 
 def test_per_fragment_uploads_wait_for_the_commits_they_feed(tmp_path) -> None:
     """One fragment per commit: uploads run at most a round of the pool ahead of commits,
