@@ -127,8 +127,9 @@ def _binary_chunks(column: pa.ChunkedArray
     for arr in column.chunks:
         valid = None
         if arr.null_count:
-            valid = arr.is_valid().to_numpy(zero_copy_only=False)
-            arr = pc.if_else(pc.is_valid(arr), arr, pa.scalar(b"", arr.type))
+            mask = arr.is_valid()
+            valid = mask.to_numpy(zero_copy_only=False)
+            arr = pc.if_else(mask, arr, pa.scalar(b"", arr.type))
         bufs = arr.buffers()
         offsets = np.frombuffer(bufs[1], np.int32, len(arr) + 1, arr.offset * 4) \
             if len(arr) else np.zeros(1, np.int32)
