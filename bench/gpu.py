@@ -14,11 +14,15 @@ The loaders, all yielding the same ``[B, 224, 224, 3]`` uint8 ``image`` and ``[B
   colocated-batches   one Parquet file per batch, ``DataLoader(batch_size=None,
                       num_workers=W)``;
   mosaic-streaming    MosaicML Streaming over MDS shards, ``DataLoader(num_workers=W)``
-                      (where the ``streaming`` package imports: run with .venv-bench).
+                      (where the ``streaming`` package imports: run with .venv-bench);
+  lakestream-nvjpeg   (``--jpeg`` on CUDA only) ``StreamDataset`` in the trainer process
+                      handing over the JPEG bytes pinned, decoded on the GPU by nvJPEG
+                      (``torchvision.io.decode_jpeg(device="cuda")``) inside ``next()``.
 Raw pixels are a tensor column in the stream and a plain ``binary`` column in Parquet;
 ``--jpeg`` stores JPEG quality 90 bytes instead (``bench/images.py``), decoded by
 Lakestream's ``transform=`` (in its read threads or workers), with PIL per sample in the
-colocated-samples ``__getitem__``, per batch elsewhere.
+colocated-samples ``__getitem__``, per batch elsewhere (torchvision's CPU decoder where it
+imports, else PIL).
 
 Two trainers:
   ``--stand-in`` (CPU): per batch, the main thread touches the batch, then runs tiny torch
@@ -41,7 +45,8 @@ from it). The producer's CPU-s per GB of raw image bytes is measured while writi
 
 Usage: .venv-bench/bin/python bench/gpu.py --stand-in [--jpeg] [--reps 3]
        python bench/gpu.py [--jpeg | --lm]   (on a CUDA machine)
-Writes bench/results/gpu_standin[_jpeg|_lm].json and .png (gpu[_jpeg|_lm] with CUDA).
+Writes bench/results/gpu_standin[_jpeg|_lm].json and .png (gpu[_jpeg|_lm] with CUDA); while
+it runs, ``<that>.partial.json`` holds the measurements so far.
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 RESULTS = Path(__file__).parent / "results"
 LOADERS = ("synthetic", "lakestream", "lakestream-loader", "colocated-samples",
-           "colocated-batches", "mosaic-streaming")
+           "colocated-batches", "mosaic-streaming", "lakestream-nvjpeg")
 VOCAB = 50257
 POOL_BATCHES = 4
 """The data repeats a pool of this many batches of distinct samples (its pictures are not
@@ -251,13 +256,15 @@ class ParquetBatches(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return table_batch(self.config, pq.read_table(self.config["files"][i]))
 
 
-def stream_dataset(config: dict[str, Any], *, in_process: bool) -> StreamDataset:
+def stream_dataset(config: dict[str, Any], *, in_process: bool,
+                   gpu_decode: bool = False) -> StreamDataset:
     """Lakestream's dataset at its defaults (no consumer group; its read threads and
-    prefetch sized from the host), decoding JPEGs with ``transform=``; in the trainer
+    prefetch sized from the host), decoding JPEGs with ``transform=`` (unless the GPU
+    decodes them: ``gpu_decode``); in the trainer
     process on CUDA, delivering pinned batches (or, with ``--device-copy``, batches on
     the GPU already), each done in its read threads."""
     kw: dict[str, Any] = {"group": None, "max_steps": config["batches"], "timeout": 600.0}
-    if config["kind"] == "jpeg":
+    if config["kind"] == "jpeg" and not gpu_decode:
         kw["transform"] = images.DecodeJpeg()
     if in_process and not config["stand_in"]:
         if config["device_copy"]:
@@ -278,6 +285,10 @@ def make_loader(config: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]
     if name == "lakestream":
         ds = stream_dataset(config, in_process=True)
         return ds, {"in_process": True, "pin_memory": ds.pin_memory, "device": ds.device}
+    if name == "lakestream-nvjpeg":
+        ds = stream_dataset(config, in_process=True, gpu_decode=True)
+        return NvJpeg(ds), {"in_process": True, "pin_memory": ds.pin_memory,
+                            "decoder": "torchvision.io.decode_jpeg(device='cuda')"}
     if name == "lakestream-loader":
         ds = stream_dataset(config, in_process=False)
         return StreamLoader(ds, **workers), {
@@ -296,6 +307,28 @@ def make_loader(config: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]
         return torch.utils.data.DataLoader(ds, batch_size=config["batch"], collate_fn=collate,
                                            **workers), workers
     raise ValueError(f"unknown loader {name!r}; expected one of {LOADERS}")
+
+
+class NvJpeg:
+    """A loader's batches of JPEG bytes (flat ``image`` values and ``image_offsets``, as a
+    ``binary`` column collates) decoded on the GPU in one batched nvJPEG call, as the
+    ``[n, 224, 224, 3]`` uint8 CUDA tensor every loader yields."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    @property
+    def last_reader(self) -> Any:
+        return getattr(self.loader, "last_reader", None)
+
+    def __iter__(self) -> Any:
+        from torchvision.io import decode_jpeg
+
+        for batch in self.loader:
+            values, offsets = batch.pop("image"), batch.pop("image_offsets").tolist()
+            pieces = [values[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+            batch["image"] = torch.stack(decode_jpeg(pieces, device="cuda")).permute(0, 2, 3, 1)
+            yield batch
 
 
 class Synthetic:
@@ -553,6 +586,11 @@ def peers_available(mode: str) -> tuple[bool, str | None]:
     return True, None
 
 
+def public(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings as reported (without its paths)."""
+    return {k: v for k, v in config.items() if k not in ("uri", "files", "mds")}
+
+
 def ratios(runs: list[dict[str, Any]], reps: int) -> dict[str, dict[str, float]]:
     """Lakestream (in process) over colocated-samples, per repetition, summarised."""
     def of(name: str, key: str) -> list[float]:
@@ -643,7 +681,7 @@ def main() -> None:
                    help="CUDA: in-process Lakestream copies to the GPU in its read threads")
     p.add_argument("--peers", choices=("auto", "on", "off"), default="auto",
                    help="MosaicML Streaming: if it imports / required / never")
-    p.add_argument("--loaders", default=",".join(LOADERS), help="a comma-separated subset")
+    p.add_argument("--loaders", help="a comma-separated subset (default: each that applies)")
     p.add_argument("--root", help="where the data goes (default /dev/shm, else the temp dir)")
     p.add_argument("--measure", nargs=2, metavar=("CONFIG", "LOADER"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -657,9 +695,13 @@ def main() -> None:
         print("bench/gpu.py: no CUDA device here (torch.cuda.is_available() is False); "
               "run it on a GPU machine, or pass --stand-in for the CPU stand-in trainer")
         return
-    names = [n.strip() for n in args.loaders.split(",") if n.strip()]
+    nvjpeg = args.jpeg and not args.stand_in
+    names = [n.strip() for n in args.loaders.split(",") if n.strip()] if args.loaders else \
+        [n for n in LOADERS if nvjpeg or n != "lakestream-nvjpeg"]
     if "synthetic" not in names or any(n not in LOADERS for n in names):
         p.error(f"--loaders must name synthetic and only these: {', '.join(LOADERS)}")
+    if "lakestream-nvjpeg" in names and (args.stand_in or not args.jpeg):
+        p.error("lakestream-nvjpeg decodes JPEGs on the GPU: it needs --jpeg on CUDA")
     notes = []
     if "mosaic-streaming" in names:
         ok, note = peers_available(args.peers)
@@ -675,6 +717,9 @@ def main() -> None:
         "workers": args.workers, "device_copy": args.device_copy, "step_ms": args.step_ms,
         "step_kind": args.step_kind,
         "step_iters": calibrate(args.step_ms) if args.stand_in else 0}
+    stem = ("gpu_standin" if args.stand_in else "gpu") + {"raw": "", "jpeg": "_jpeg",
+                                                           "tokens": "_lm"}[kind]
+    partial = RESULTS / f"{stem}.partial.json"
     root = tempfile.mkdtemp(prefix="lakestream-gpu-", dir=args.root or data_dir(config))
     result: dict[str, Any] = {"command": " ".join(["bench/gpu.py", *sys.argv[1:]]),
                               "machine": machine(), "config": config, "notes": notes}
@@ -694,9 +739,16 @@ def main() -> None:
         path = f"{root}/config.json"
         Path(path).write_text(json.dumps(config))
         runs = []
+        RESULTS.mkdir(exist_ok=True)
         for rep in range(args.reps):
             order = names[rep % len(names):] + names[:rep % len(names)]
-            mine = {name: _measured(path, name, rep) for name in order}
+            mine = {}
+            for name in order:
+                mine[name] = _measured(path, name, rep)
+                # What is measured so far, kept should the run be cut short (a GPU host
+                # lent for minutes): the final write below replaces it.
+                partial.write_text(json.dumps({**result, "config": public(config),
+                                               "runs": runs + list(mine.values())}, indent=1))
             base = mine["synthetic"]
             for r in mine.values():
                 r["of_synthetic"] = r["samples_per_s"] / base["samples_per_s"]
@@ -705,7 +757,7 @@ def main() -> None:
             runs += [mine[n] for n in names]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    result["config"] = {k: v for k, v in config.items() if k not in ("uri", "files", "mds")}
+    result["config"] = public(config)
     result["runs"] = runs
     result["loaders"] = summarise(runs, lambda r: r["loader"], by="of_synthetic")
     result["spreads"] = summary(runs, names)
@@ -715,10 +767,8 @@ def main() -> None:
         print(f"{key}: {s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})")
     for n in notes:
         print("note:", n)
-    stem = ("gpu_standin" if args.stand_in else "gpu") + {"raw": "", "jpeg": "_jpeg",
-                                                           "tokens": "_lm"}[kind]
-    RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    partial.unlink(missing_ok=True)
     plot(result, RESULTS / f"{stem}.png")
     print(f"wrote bench/results/{stem}.json and .png", flush=True)
 

@@ -171,6 +171,50 @@ def test_pinning_or_a_cuda_device_without_cuda_is_refused_up_front(
         StreamDataset(uri, group=None, **kwargs)
 
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="delivery to a GPU: runs on a host with CUDA")
+
+
+@needs_cuda
+def test_pinned_batches_hold_the_samples_in_page_locked_memory(tmp_path: Path) -> None:
+    uri, images = _image_stream(tmp_path)
+    seen = list(StreamDataset(uri, group=None, max_steps=4, pin_memory=True))
+    assert [b["step"] for b in seen] == [0, 1, 2, 3]
+    for b in seen:
+        assert b["image"].is_pinned() and b["label"].is_pinned()
+        assert b["jpeg"].is_pinned() and b["jpeg_offsets"].is_pinned()
+        assert np.array_equal(b["image"].numpy(), images[b["step"] * 8:b["step"] * 8 + 8])
+
+
+@needs_cuda
+def test_batches_copied_to_the_gpu_are_there_and_ready_on_the_consumers_stream(
+        tmp_path: Path) -> None:
+    uri, images = _image_stream(tmp_path, n=256)
+    ds = StreamDataset(uri, group=None, max_steps=32, device="cuda")
+    sums = []
+    for b in ds:  # no synchronisation here: the hand-over makes this stream wait
+        assert b["image"].device.type == "cuda" and b["label"].device.type == "cuda"
+        assert "_lakestream_ready" not in b
+        sums.append((b["step"], b["image"].long().sum(), b["label"].clone()))
+    torch.cuda.synchronize()
+    for step, total, label in sums:
+        want = images[step * 8:step * 8 + 8]
+        assert int(total) == int(want.astype(np.int64).sum())
+        assert label.tolist() == list(range(step * 8, step * 8 + 8))
+
+
+@needs_cuda
+def test_a_worker_loader_pins_its_batches(tmp_path: Path) -> None:
+    uri, images = _image_stream(tmp_path)
+    loader = StreamLoader(StreamDataset(uri, group=None, max_steps=4), num_workers=2,
+                          pin_memory=True)
+    seen = list(loader)
+    assert sorted(b["step"] for b in seen) == [0, 1, 2, 3]
+    for b in seen:
+        assert b["image"].is_pinned()
+        assert np.array_equal(b["image"].numpy(), images[b["step"] * 8:b["step"] * 8 + 8])
+
+
 def test_a_device_that_is_not_a_cpu_or_gpu_is_refused(tmp_path: Path) -> None:
     uri, _ = _image_stream(tmp_path)
     with pytest.raises(ValueError, match="CPU or CUDA device"):
