@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import shutil
 import sys
 import tempfile
@@ -47,6 +48,13 @@ def _root() -> str:
     return tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
 
 
+def _write(p: Producer, pool: list[np.ndarray], n: int) -> None:
+    """``n`` fragments of 64 images from ``pool`` in turn, flushed."""
+    for i in range(n):
+        p.write({"image": pool[i % len(pool)], "label": np.arange(64)})
+    p.flush()
+
+
 def one(n: int, pool: list[np.ndarray]) -> float:
     root = _root()
     try:
@@ -54,9 +62,7 @@ def one(n: int, pool: list[np.ndarray]) -> float:
         lakestream.create(uri, SCHEMA, global_batch_size=64)
         with Producer(uri, "p") as p:
             c0 = time.process_time()
-            for i in range(n):
-                p.write({"image": pool[i % len(pool)], "label": np.arange(64)})
-            p.flush()
+            _write(p, pool, n)
             cpu = time.process_time() - c0
         return cpu / (n * pool[0].nbytes / 1e9)
     finally:
@@ -79,9 +85,7 @@ def _writer(uri: str, k: int, n: int, start_at: float, out: Any) -> None:
     with Producer(uri, f"p{k}") as p:
         time.sleep(max(0.0, start_at - time.time()))
         t0, c0 = time.time(), time.process_time()
-        for i in range(n):
-            p.write({"image": pool[i % len(pool)], "label": np.arange(64)})
-        p.flush()
+        _write(p, pool, n)
         out.put({"start": t0, "end": time.time(), "cpu_s": time.process_time() - c0})
 
 
@@ -133,7 +137,7 @@ def main() -> None:
     med = sorted(r["producer"] for r in runs)[len(runs) // 2]
     print(f"median producer {med:.2f} CPU-s per GB of raw image bytes")
     result: dict[str, Any] = {"command": " ".join(["bench/image_ingest.py", *sys.argv[1:]]),
-                              "cores": len(__import__("os").sched_getaffinity(0)),
+                              "cores": len(os.sched_getaffinity(0)),
                               "runs": runs, "median_producer_cpu_s_per_gb": med}
     if args.producers:
         rates = sorted(r["together"]["gb_per_s"] for r in runs)
