@@ -174,7 +174,9 @@ def _tensor(name: str, chunks: list[tuple[pa.Buffer | None, np.ndarray, np.ndarr
                 f"{row + int(np.flatnonzero(wrong)[0])}; its {spec.shape} {spec.dtype} tensors "
                 f"are {spec.nbytes} bytes")
         a = int(offsets[0])
-        if data is not None and np.all(lengths == spec.nbytes):  # the common case: one copy
+        # Checked above: without nulls every row is a whole array (the common case: one
+        # copy); with them, only the rows of non-zero length are copied.
+        if data is not None and valid is None:
             out[row:row + k] = np.frombuffer(data, np.uint8, k * spec.nbytes, a).reshape(
                 k, spec.nbytes)
         elif data is not None:
