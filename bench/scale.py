@@ -48,6 +48,8 @@ import lakestream  # noqa: E402
 RESULTS = Path(__file__).parent / "results"
 B = 16
 VERSIONS = 100
+"""Appends a stream is built in, at least: more where a commit would exceed the 10,000
+fragments an entry may add."""
 SCHEMA = pa.schema([("id", pa.int64()), ("tokens", pa.list_(pa.int32()))])
 
 
@@ -57,30 +59,31 @@ def _table(first: int) -> pa.Table:
 
 
 def build(uri: str, fragments: int) -> None:
-    """A stream of ``fragments`` one-step fragments in ``VERSIONS`` appends; the files of
-    the first and last exist."""
+    """A stream of ``fragments`` one-step fragments in ``VERSIONS`` appends (or as many more
+    as keep each to 10,000 fragments); the files of the first and last exist."""
     import zlib
 
     from lakestream.log.entries import Append, FragmentRef
     from lakestream.log.fragments import encode_fragment
 
     s = lakestream.create(uri, SCHEMA, global_batch_size=B, snapshot_interval=10)
-    per = fragments // VERSIONS
+    versions = max(VERSIONS, -(-fragments // 10_000))
+    per = fragments // versions
     body_first = encode_fragment(_table(0), 1)
     body_last = encode_fragment(_table((fragments - 1) * B), 1)
-    for v in range(VERSIONS):
+    for v in range(versions):
         def entry(state: Any, cid: str, v: int = v) -> Append:
             refs = []
             for k in range(v * per, (v + 1) * per):
                 body = body_first if k == 0 else body_last if k == fragments - 1 else None
                 size, crc = (len(body), zlib.crc32(body)) if body else (1000, 7)
-                refs.append(FragmentRef(f"data/bulk/{k:09d}.parquet", B, size,
-                                        state.next_offset + (k - v * per) * B, -1, crc))
+                refs.append(FragmentRef(f"data/_append/0-0-{k:09d}.parquet", B, size,
+                                        state.next_offset + (k - v * per) * B, 0, crc))
             return Append(None, 0, tuple(refs), None, cid)
 
         s.commit(entry)
-    s.store.put("data/bulk/000000000.parquet", body_first)
-    s.store.put(f"data/bulk/{fragments - 1:09d}.parquet", body_last)
+    s.store.put("data/_append/0-0-000000000.parquet", body_first)
+    s.store.put(f"data/_append/0-0-{fragments - 1:09d}.parquet", body_last)
 
 
 def _rss() -> int:

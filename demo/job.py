@@ -67,13 +67,15 @@ class _Stop:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _spawn(children: list[subprocess.Popen[bytes]], module: str,
+def _spawn(children: list[subprocess.Popen[bytes]], cwd: Path, module: str,
            *args: Any) -> subprocess.Popen[bytes]:
-    """Starts ``python -m module args`` and records it in ``children`` before a stopping
-    signal can interrupt (``_Stop``)."""
+    """Starts ``python -m module args`` in ``cwd`` (the demo's own fresh folder: ``-m`` puts
+    the working directory first on ``sys.path``, so a ``lakestream/`` folder where the demo
+    was launched would be imported in place of the installed package) and records it in
+    ``children`` before a stopping signal can interrupt (``_Stop``)."""
     _Stop.recording = True
     try:
-        child = subprocess.Popen([sys.executable, "-m", module, *map(str, args)],
+        child = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], cwd=cwd,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         children.append(child)
     finally:
@@ -122,16 +124,17 @@ class Pipeline:
         per = -(-self.cfg.prompts // self.cfg.producers)
         prompts = min(per, max(0, (self.cfg.prompts - i + self.cfg.producers - 1)
                                // self.cfg.producers))
-        self.producers[i] = _spawn(self.children, "lakestream.demo.rollout", self.uri, i,
-                                   self.cfg.producers, prompts, self.cfg.max_lag_steps,
-                                   self.logs / "producers.jsonl", self.done)
+        self.producers[i] = _spawn(self.children, self.root, "lakestream.demo.rollout",
+                                   self.uri, i, self.cfg.producers, prompts,
+                                   self.cfg.max_lag_steps, self.logs / "producers.jsonl",
+                                   self.done)
 
     def start_trainer(self) -> None:
         self.trainer_runs += 1
         init = self.logs / f"init-{self.trainer_runs}"
-        self.trainer = [_spawn(self.children, "lakestream.demo.trainer", self.uri, r,
-                               self.cfg.ranks, init, self.cfg.steps, self.cfg.checkpoint_every,
-                               self.logs, self.cfg.max_lag_steps)
+        self.trainer = [_spawn(self.children, self.root, "lakestream.demo.trainer", self.uri,
+                               r, self.cfg.ranks, init, self.cfg.steps,
+                               self.cfg.checkpoint_every, self.logs, self.cfg.max_lag_steps)
                         for r in range(self.cfg.ranks)]
 
     def trainer_step(self) -> int:

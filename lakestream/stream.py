@@ -10,8 +10,9 @@ from typing import Any
 import pyarrow as pa
 
 from lakestream.log import commits
+from lakestream.log.compaction import GcReport
 from lakestream.log.entries import StreamMeta
-from lakestream.log.gc import GcReport, gc_stream
+from lakestream.log.gc import gc_stream
 from lakestream.log.opening import create_log, load_state
 from lakestream.log.replay import Marker, ReplayState
 from lakestream.log.retention import RetentionPoint, group_holds, reclaim_entry, retention_point
@@ -235,8 +236,10 @@ class Stream:
 
     def register_group(self, group: str, step: int = 0) -> int | None:
         """Makes ``group`` a consumer group that holds retention from ``step`` until its own
-        markers take over. Idempotent: a group the log knows already (registered, or with
-        markers) is left as it is and None returned; else the registration's version.
+        markers take over. A group holds from its earliest registration: a group with
+        markers, or registered at ``step`` or below, is left as it is and None returned;
+        else the registration's version (a registration below the one the log holds lowers
+        the group's hold to it).
 
         Raises:
             ValueError: ``group`` is not a valid group name, or ``step`` is negative or past
@@ -287,10 +290,16 @@ class Stream:
         Safe beside producers, readers and other retainers: the point is recomputed on the
         latest log at every commit attempt. A registered group with no marker holds from its
         registration step; a stream with no group holds everything; progress objects hold
-        nothing. Returns the reclaim's version, or None if nothing was reclaimable.
+        nothing. Returns the version of the last reclaim entry, or None if nothing was
+        reclaimable. An entry removes at most 10,000 files: a larger reclaim commits several,
+        each complete on its own (a crash between them leaves a smaller reclaim done).
         """
-        result = self.commit(lambda state, cid: reclaim_entry(state, keep_last, cid))
-        return None if result is None else result.version
+        version = None
+        while True:
+            result = self.commit(lambda state, cid: reclaim_entry(state, keep_last, cid))
+            if result is None:
+                return version
+            version = result.version
 
     def gc(self, grace_seconds: float = 3600.0, *, delta_checkpoint: bool = True) -> GcReport:
         """Deletes, once ``grace_seconds`` have passed by the store's own clock, the files of

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lakestream.log.entries import MAX_FRAGMENTS_PER_ENTRY
 from lakestream.log.transaction import CommitOptions
 
 CommitPolicy = Literal["adaptive", "per-fragment"]
@@ -52,6 +53,10 @@ class ProducerOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.max_fragments_per_commit > MAX_FRAGMENTS_PER_ENTRY:
+            raise ValueError(f"max_fragments_per_commit must be at most "
+                             f"{MAX_FRAGMENTS_PER_ENTRY:,} (readers void a larger entry), got "
+                             f"{self.max_fragments_per_commit:,}")
         if self.compression not in ("zstd", "none", "snappy", "lz4"):
             raise ValueError(f"compression must be zstd, snappy, lz4 or none, "
                              f"got {self.compression!r}")

@@ -14,8 +14,15 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import LakestreamError
 from lakestream.failpoints import failpoint
-from lakestream.log.entries import Entry, Fence, check_group, check_producer_id, check_state
-from lakestream.log.fragments import check_rows, encode_fragment, fragment_key, put_fragment
+from lakestream.log.entries import (
+    Entry,
+    Fence,
+    check_group,
+    check_producer_id,
+    check_state,
+    fragment_key,
+)
+from lakestream.log.fragments import check_rows, encode_fragment, put_fragment
 from lakestream.log.progress import Progress, read_progress
 from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.producers.committer import Committer, Uploaded

@@ -158,3 +158,42 @@ def step_ids(loader: Any, n: int | None = None) -> list[tuple[int, list[int]]]:
         if n is not None and len(got) == n:
             break
     return got
+
+
+def put_entry(store: Any, version: int, entry: Any, *, mode: str = "create") -> bytes:
+    """Writes ``entry`` at log ``version`` as any writer of the log may: chained to the entry
+    stored at ``version - 1`` (a writer that goes around the committer, or an attacker
+    holding a producer's grants, computes the same link), and without the encoder's refusal
+    of appends readers void. Returns the bytes written."""
+    import lakestream.log.codec as codec
+    from lakestream.log.entries import log_key
+
+    prev = codec.entry_digest(store.get(log_key(version - 1))) if version > 0 else None
+    checks = codec.refusal
+    codec.refusal = lambda *_: None  # type: ignore[assignment] # an encoder without them
+    try:
+        data = codec.encode_entry(entry, prev)
+    finally:
+        codec.refusal = checks
+    store.put(log_key(version), data, mode=mode)
+    return data
+
+
+DROP = object()
+
+
+def edit_entry(data: bytes, **info: Any) -> bytes:
+    """An entry with fields of its ``commitInfo.lakestream`` changed (``DROP``: removed),
+    its checksum made to match: what a writer that goes around the encoder writes."""
+    from lakestream.log.codec import lines_checksum
+
+    lines = [json.loads(line) for line in data.splitlines()]
+    fields = lines[0]["commitInfo"]["lakestream"]
+    fields.pop("crc32")
+    for key, value in info.items():
+        if value is DROP:
+            fields.pop(key)
+        else:
+            fields[key] = value
+    fields["crc32"] = lines_checksum(lines)
+    return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in lines).encode()

@@ -21,7 +21,7 @@ PLACED = {"failpoints": "errors", "schema": "store"}
 errors, the schema beside the store."""
 
 LAYERS = {
-    "log": (("log.entries", "log.threads"),
+    "log": (("log.entries", "log.threads", "log.overlay"),
             ("log", "log.codec", "log.segments", "log.fragments", "log.progress"),
             ("log.index",),
             ("log.replay",),
@@ -29,11 +29,11 @@ LAYERS = {
             ("log.snapshot",),
             ("log.head", "log.opening"),
             ("log.transaction",),
-            ("log.view",),
+            ("log.view", "log.compaction"),
             ("log.commits", "log.gc")),
     "plan": (("plan", "plan.slices", "plan.rows", "plan.choose"),
              ("plan.balance", "plan.mix")),
-    "read": (("read", "read.cache"),
+    "read": (("read", "read.cache", "read.pages"),
              ("read.fragments", "read.lineage"),
              ("read.offsets",),
              ("read.steps", "read.selected")),

@@ -3,9 +3,11 @@ bytes of one, its checksum included."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -13,11 +15,15 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError
 from lakestream.log.entries import (
+    CHAINED_ENTRY_FORMAT,
     COMPACTED_ENTRY_FORMAT,
+    DIGEST_CHARS,
     FORMAT_VERSION,
     GROUP_ENTRY_FORMAT,
     MAX_CHECKPOINT_ID,
     MAX_ENTRY_BYTES,
+    MAX_FRAGMENTS_PER_ENTRY,
+    MAX_INFO_BYTES,
     SEAL_ENTRY_FORMAT,
     Append,
     Checkpoint,
@@ -26,7 +32,9 @@ from lakestream.log.entries import (
     Entry,
     Fence,
     FragmentRef,
+    Link,
     Reclaim,
+    Refused,
     Register,
     RemoveGroup,
     Seal,
@@ -34,6 +42,7 @@ from lakestream.log.entries import (
     check_data_key,
     check_producer_id,
     check_state,
+    key_writer,
 )
 from lakestream.schema.delta import delta_table_features
 from lakestream.store.parse import MAX_INT, count
@@ -65,7 +74,15 @@ def _tags(f: FragmentRef) -> dict[str, str]:
             "lakestream.seq": str(f.seq), "lakestream.crc32": str(f.crc32)}
 
 
-def _remove(f: FragmentRef, now_ms: int) -> dict[str, Any]:
+_VOID_TAG = "lakestream.void"
+"""On a reclaim's ``remove`` of a void append's file: it leaves the list of void files, never
+the index (a live fragment of the same path stays live)."""
+
+
+def _remove(f: FragmentRef, now_ms: int, void: bool = False) -> dict[str, Any]:
+    tags = _tags(f)
+    if void:
+        tags[_VOID_TAG] = "true"
     return {"remove": {
         "path": f.path,
         "deletionTimestamp": now_ms,
@@ -73,8 +90,13 @@ def _remove(f: FragmentRef, now_ms: int) -> dict[str, Any]:
         "extendedFileMetadata": True,
         "partitionValues": {},
         "size": f.size,
-        "tags": _tags(f),
+        "tags": tags,
     }}
+
+
+def entry_digest(data: bytes) -> str:
+    """The digest of an entry's bytes as stored (``Link.digest``)."""
+    return hashlib.sha256(data).hexdigest()[:DIGEST_CHARS]
 
 
 WRITER_FEATURE = "lakestreamLog"
@@ -100,17 +122,22 @@ def delta_protocol(schema: pa.Schema) -> dict[str, Any]:
             "writerFeatures": [*features, WRITER_FEATURE]}
 
 
-def encode_entry(entry: Entry) -> bytes:
-    """The Delta Lake JSON lines of an entry.
+def encode_entry(entry: Entry, prev: str | None = None) -> bytes:
+    """The Delta Lake JSON lines of an entry; ``prev`` is the digest of the entry before it
+    (``Link``), which every entry but a tombstone carries (None where the writer does not
+    know it: version 0, or a state opened from a snapshot written before the chain).
 
     Raises:
-        ValueError: an append's ``state`` holds NaN or Infinity (not JSON).
+        ValueError: an append's ``state`` holds NaN or Infinity (not JSON), the append is
+            one readers would void (``refusal``, or a first line over ``MAX_INFO_BYTES``),
+            or the entry is larger than ``MAX_ENTRY_BYTES``.
     """
     now = int(time.time() * 1000)
-    fmt = GROUP_ENTRY_FORMAT if isinstance(entry, Register | RemoveGroup) \
-        else SEAL_ENTRY_FORMAT if isinstance(entry, Seal) \
-        else COMPACTED_ENTRY_FORMAT if isinstance(entry, Compacted) else FORMAT_VERSION
-    info: dict[str, Any] = {"format": fmt, "commit_id": entry.commit_id}
+    chained = not isinstance(entry, Compacted)
+    info: dict[str, Any] = {"format": CHAINED_ENTRY_FORMAT if chained else
+                            COMPACTED_ENTRY_FORMAT, "commit_id": entry.commit_id}
+    if chained:
+        info["prev"] = prev
     actions: list[dict[str, Any]] = []
     lines: list[str] = []
     operation, params = "WRITE", {"mode": "Append"}
@@ -121,6 +148,9 @@ def encode_entry(entry: Entry) -> bytes:
                    {"metaData": entry.meta.to_json()}]
     elif isinstance(entry, Append):
         check_state(entry.state)
+        why = refusal(entry.producer, entry.epoch, entry.fragments)
+        if why is not None:
+            raise ValueError(f"an append readers would void: {why}")
         info.update(op="append", producer=entry.producer, epoch=entry.epoch,
                     seq=[entry.first_seq, entry.last_seq], state=entry.state)
         lines = [_add_line(f, now) for f in entry.fragments]
@@ -146,18 +176,22 @@ def encode_entry(entry: Entry) -> bytes:
     elif isinstance(entry, Reclaim):
         info.update(op="reclaim", below_offset=entry.below_offset)
         operation, params = "DELETE", {"predicate": f"offset < {entry.below_offset}"}
-        actions = [_remove(f, now) for f in entry.removed]
+        actions = [_remove(f, now) for f in entry.removed] + \
+            [_remove(f, now, void=True) for f in entry.void or ()]
     elif isinstance(entry, Compacted):
         info.update(op="compacted", snapshot=entry.snapshot, replaced=entry.replaced)
         operation, params = "SET TBLPROPERTIES", {}
-    else:  # pragma: no cover - the union is closed
-        raise TypeError(f"not a log entry: {entry!r}")
+    else:  # Refused: decoding makes those, no writer writes one
+        raise TypeError(f"not an entry a writer writes: {entry!r}")
     commit_info = {"commitInfo": {"timestamp": now, "operation": operation,
                                   "operationParameters": params, "lakestream": info}}
     lines += [_dump(a) for a in actions]
     # Each line is serialised once (allow_nan=False as a backstop: only the state holds
     # floats), and checksummed as written.
     head, body = _dump(commit_info).encode(), "".join("\n" + line for line in lines).encode()
+    if isinstance(entry, Append) and len(head) + 32 > MAX_INFO_BYTES:
+        raise ValueError(f"an append whose first line is {len(head):,} bytes, over "
+                         f"{MAX_INFO_BYTES:,}: readers would void it (its state is too large)")
     data = _with_checksum(head, entry_checksum(head, body)) + body + b"\n"
     if len(data) > MAX_ENTRY_BYTES:
         raise ValueError(f"the entry is {len(data):,} bytes, over {MAX_ENTRY_BYTES:,}: commit "
@@ -256,7 +290,9 @@ def _foreign(version: int, info: dict[str, Any]) -> str:
 
 
 def decode_entry(version: int, data: bytes) -> Entry:
-    """Parses the JSON lines of log version ``version``.
+    """Parses the JSON lines of log version ``version``, with its ``Link`` (its digest, and
+    the digest of the entry before it that it names). An append over the writers' limits
+    comes back ``Refused``: replay voids it.
 
     Raises:
         CorruptLogError: the text is not JSON lines, is not a Lakestream entry, has an unknown
@@ -290,58 +326,122 @@ def decode_entry(version: int, data: bytes) -> Entry:
             raise ValueError(f"checksum {stored!r} does not match the content "
                              f"({lines_checksum(actions)}): the entry is damaged")
         fmt = info.get("format")
-        if fmt not in (FORMAT_VERSION, GROUP_ENTRY_FORMAT, SEAL_ENTRY_FORMAT,
-                       COMPACTED_ENTRY_FORMAT):
+        if fmt not in _FORMATS:
             raise CorruptLogError(
                 f"log version {version} has format version {fmt!r}; this lakestream reads "
-                f"{FORMAT_VERSION}-{COMPACTED_ENTRY_FORMAT}: upgrade lakestream or check the "
+                f"{FORMAT_VERSION}-{CHAINED_ENTRY_FORMAT}: upgrade lakestream or check the "
                 "writer"
             )
-        op, cid = info["op"], str(info["commit_id"])
-        if op == "create":
-            if version != 0:
-                raise ValueError("a create entry past version 0")
-            return Create(StreamMeta.from_json(by_kind["metaData"][0]), cid)
-        if "group" in info and not isinstance(info["group"], str):
-            raise ValueError(f"group {str(info['group'])[:40]!r} is not a string")
-        if op == "append":
-            frags = tuple(_fragment(a, version) for a in by_kind.get("add", []))
-            if not frags:
-                raise ValueError("an append with no add actions")
-            seqs = [f.seq for f in frags]
-            if info["seq"] != [seqs[0], seqs[-1]]:
-                raise ValueError(f"seq range {info['seq']} disagrees with the adds {seqs}")
-            producer = info["producer"]
-            if producer is not None:
-                check_producer_id(producer)
-            epoch = count(info["epoch"], "epoch", low=-MAX_INT)
-            return Append(producer, epoch, frags, info.get("state"), cid)
-        if op == "fence":
-            epoch = count(info["epoch"], "epoch", low=-MAX_INT)
-            return Fence(check_producer_id(info["producer"]), epoch, cid)
-        if op == "checkpoint":
-            return Checkpoint(info["group"], count(info["step"], "step"),
-                              _checkpoint_id(info.get("checkpoint_id")), cid)
-        if op == "register":
-            return Register(info["group"], count(info["step"], "step"), cid)
-        if op == "remove_group":
-            return RemoveGroup(info["group"], cid)
-        if op == "seal":
-            return Seal(cid)
-        if op == "reclaim":
-            removed = tuple(_fragment(a, version) for a in by_kind.get("remove", []))
-            return Reclaim(count(info["below_offset"], "below_offset"), removed, cid)
-        if op == "compacted":
-            replaced = info.get("replaced")
-            return Compacted(count(info["snapshot"], "snapshot"),
-                             None if replaced is None else str(replaced), cid)
-        raise ValueError(f"unknown operation {op!r}")
+        chained = fmt == CHAINED_ENTRY_FORMAT
+        prev = _prev(info["prev"]) if chained else None
+        entry = _decode_op(version, info, by_kind, chained)
+        if isinstance(entry, Append) and data.find(b"\n") > MAX_INFO_BYTES:
+            entry = Refused(f"its first line is over {MAX_INFO_BYTES:,} bytes: a state no "
+                            "writer writes", entry.commit_id)
+        return replace(entry, link=Link(entry_digest(data), prev, chained))
     except CorruptLogError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, IndexError,
             RecursionError) as e:  # AttributeError: an object where JSON held another type
         problem = "its JSON is nested too deeply" if isinstance(e, RecursionError) else e
         raise CorruptLogError(f"log version {version} cannot be read: {problem}") from None
+
+
+_FORMATS = (FORMAT_VERSION, GROUP_ENTRY_FORMAT, SEAL_ENTRY_FORMAT, COMPACTED_ENTRY_FORMAT,
+            CHAINED_ENTRY_FORMAT)
+_DIGEST = re.compile(rf"[0-9a-f]{{{DIGEST_CHARS}}}")
+
+
+def _prev(value: Any) -> str | None:
+    """A chained entry's ``prev``: None or a digest."""
+    if value is None or isinstance(value, str) and _DIGEST.fullmatch(value):
+        return value
+    raise ValueError(f"prev {str(value)[:80]!r} is not a digest")
+
+
+def _decode_op(version: int, info: dict[str, Any], by_kind: dict[str, list[dict[str, Any]]],
+               chained: bool) -> Entry:
+    """The entry an entry's ``commitInfo.lakestream`` and actions describe.
+
+    Raises:
+        ValueError, KeyError, TypeError, AttributeError: they describe none.
+    """
+    op, cid = info["op"], str(info["commit_id"])
+    if op == "create":
+        if version != 0:
+            raise ValueError("a create entry past version 0")
+        return Create(StreamMeta.from_json(by_kind["metaData"][0]), cid)
+    if "group" in info and not isinstance(info["group"], str):
+        raise ValueError(f"group {str(info['group'])[:40]!r} is not a string")
+    if op == "append":
+        return _append(version, info, by_kind.get("add", []), chained)
+    if op == "fence":
+        epoch = count(info["epoch"], "epoch", low=-MAX_INT)
+        return Fence(check_producer_id(info["producer"]), epoch, cid)
+    if op == "checkpoint":
+        return Checkpoint(info["group"], count(info["step"], "step"),
+                          _checkpoint_id(info.get("checkpoint_id")), cid)
+    if op == "register":
+        return Register(info["group"], count(info["step"], "step"), cid)
+    if op == "remove_group":
+        return RemoveGroup(info["group"], cid)
+    if op == "seal":
+        return Seal(cid)
+    if op == "reclaim":
+        removes = by_kind.get("remove", [])
+        below = count(info["below_offset"], "below_offset")
+        if not chained:  # from before the split: matched by path alone
+            return Reclaim(below, tuple(_fragment(a, version) for a in removes), cid, None)
+        live = tuple(_fragment(a, version) for a in removes if not _is_void(a))
+        void = tuple(_fragment(a, version) for a in removes if _is_void(a))
+        return Reclaim(below, live, cid, void)
+    if op == "compacted":
+        replaced = info.get("replaced")
+        return Compacted(count(info["snapshot"], "snapshot"),
+                         None if replaced is None else str(replaced), cid)
+    raise ValueError(f"unknown operation {op!r}")
+
+
+def _is_void(action: dict[str, Any]) -> bool:
+    return (action.get("tags") or {}).get(_VOID_TAG) == "true"
+
+
+def _append(version: int, info: dict[str, Any], adds: list[dict[str, Any]], chained: bool
+            ) -> Append | Refused:
+    """An append, or ``Refused`` if it breaks what every writer keeps to: at most
+    ``MAX_FRAGMENTS_PER_ENTRY`` fragments, and (chained) what ``refusal`` checks."""
+    cid = str(info["commit_id"])
+    if len(adds) > MAX_FRAGMENTS_PER_ENTRY:
+        return Refused(f"it adds {len(adds):,} fragments, over {MAX_FRAGMENTS_PER_ENTRY:,}", cid)
+    frags = tuple(_fragment(a, version) for a in adds)
+    if not frags:
+        raise ValueError("an append with no add actions")
+    seqs = [f.seq for f in frags]
+    if info["seq"] != [seqs[0], seqs[-1]]:
+        raise ValueError(f"seq range {info['seq']} disagrees with the adds {seqs}")
+    producer = info["producer"]
+    if producer is not None:
+        check_producer_id(producer)
+    epoch = count(info["epoch"], "epoch", low=-MAX_INT)
+    why = refusal(producer, epoch, frags) if chained else None
+    if why is not None:
+        return Refused(why, cid)
+    return Append(producer, epoch, frags, info.get("state"), cid)
+
+
+def refusal(producer: str | None, epoch: int, fragments: tuple[FragmentRef, ...]) -> str | None:
+    """Why readers void an append of these fragments, or None: more than
+    ``MAX_FRAGMENTS_PER_ENTRY``, or a file not named as its writer names its files
+    (``data/<producer>/<epoch>-<seq>-...``), so that no append can name another writer's
+    file, nor one already live (a producer's seqs are committed once). ``encode_entry``
+    refuses to write what this refuses."""
+    if len(fragments) > MAX_FRAGMENTS_PER_ENTRY:
+        return f"it adds {len(fragments):,} fragments, over {MAX_FRAGMENTS_PER_ENTRY:,}"
+    for f in fragments:
+        if key_writer(f.path) != (producer, epoch, f.seq):
+            return (f"it names {f.path}, which is not a file of its writer "
+                    f"({producer or 'Stream.append'}, epoch {epoch}, seq {f.seq})")
+    return None
 
 
 def _checkpoint_id(value: Any) -> str | None:

@@ -15,6 +15,7 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import LakestreamError, StepNotAvailableError
 from lakestream.log.entries import (
+    ANONYMOUS,
     Append,
     Checkpoint,
     Entry,
@@ -23,14 +24,9 @@ from lakestream.log.entries import (
     RemoveGroup,
     Seal,
     check_group,
-)
-from lakestream.log.fragments import (
-    ANONYMOUS,
-    check_rows,
-    encode_fragment,
     fragment_key,
-    put_fragment,
 )
+from lakestream.log.fragments import check_rows, encode_fragment, put_fragment
 from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.log.transaction import Build, CommitOptions, unwrap
 from lakestream.log.view import LogView
@@ -107,11 +103,13 @@ def checkpoint(uri: str, group: str, step: int, checkpoint_id: str | None) -> Bu
 
 
 def registration(uri: str, group: str, step: int) -> Build:
-    """``group``'s registration at ``step``; nothing if the log knows the group already, and
-    refused if the step's data is reclaimed (``StepNotAvailableError``)."""
+    """``group``'s registration at ``step``; nothing if the log knows the group already (by
+    its markers, or a registration at or below ``step``: a group holds from its earliest),
+    and refused if the step's data is reclaimed (``StepNotAvailableError``)."""
 
     def build(state: ReplayState, commit_id: str) -> Entry | None:
-        if group in state.registered or group in state.markers:
+        held = state.registered.get(group)
+        if group in state.markers or held is not None and held <= step:
             return None
         if step * state.stream_meta.global_batch_size < state.reclaimed_below:
             raise StepNotAvailableError(

@@ -27,6 +27,11 @@ after the seal as valid."""
 COMPACTED_ENTRY_FORMAT = 4
 """The format of the tombstones gc leaves in place of compacted entries: a lakestream from
 before them stops at one with "upgrade lakestream"."""
+CHAINED_ENTRY_FORMAT = 5
+"""The format of every entry written now but tombstones: the entry names the digest of the
+entry before it (``Link``), so that a rewritten entry breaks the chain for every reader. A
+lakestream from before the chain stops at one with "upgrade lakestream" rather than commit
+an unchained entry after it, which readers of the chain would refuse."""
 TOMBSTONE_TTL_S = 3600.0
 """gc deletes a tombstone only once it is this old by the store's clock, so a version it
 compacted stays taken for at least this long after the entry there was written."""
@@ -38,9 +43,17 @@ MAX_ENTRY_BYTES = 32 << 20
 """The largest log entry written or read: 10,000 fragments (a commit's most) take ~5 MB, a
 producer's state the rest. A larger one is refused as damage, so no entry costs an opener
 more than this in time and memory."""
+MAX_FRAGMENTS_PER_ENTRY = 10_000
+"""The most fragments an append adds, or a reclaim removes, in one entry: a writer commits
+more in several. An append with more is void (no writer writes one)."""
 MAX_CHECKPOINT_ID = 4096
 MAX_STATE_BYTES = 1 << 20
 """A producer's state (a prompt cursor, say) is at most this much JSON."""
+MAX_INFO_BYTES = MAX_STATE_BYTES + (16 << 10)
+"""The longest first line (``commitInfo``) an entry may have: a state at its largest, a
+checkpoint id, names and numbers. An append whose line is longer carries a state no writer
+writes, and is void: a 30 MiB state in a snapshot manifest per producer id would make the
+manifests too large to read."""
 LOG_DIR = "_delta_log/"
 DATA_DIR = "data/"
 _PLAIN_DATA_KEY = re.compile(r"data/(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)+[A-Za-z0-9_-][A-Za-z0-9._-]*"
@@ -92,6 +105,27 @@ def is_delta_checkpoint_key(key: str) -> int | None:
 
 def new_commit_id() -> str:
     return uuid.uuid4().hex
+
+
+ANONYMOUS = "_append"
+"""The data folder of ``Stream.append`` (plain appends belong to no producer); no producer
+id can clash with it, since ids start with a letter or digit."""
+_KEY = re.compile(rf"{re.escape(DATA_DIR)}([^/]+)/([0-9]+)-([0-9]+)-[^/]*\.parquet")
+
+
+def fragment_key(producer: str, epoch: int, seq: int) -> str:
+    """``data/<producer>/<epoch>-<seq>-<uuid>.parquet``: unique even across zombies."""
+    return f"{DATA_DIR}{producer}/{epoch}-{seq}-{uuid.uuid4().hex}.parquet"
+
+
+def key_writer(key: str) -> tuple[str | None, int, int] | None:
+    """``(producer, epoch, seq)`` of a fragment key that ``fragment_key`` made (producer
+    None for ``Stream.append``'s), or None for a key of another shape."""
+    m = _KEY.fullmatch(key)
+    if m is None:
+        return None
+    producer = None if m.group(1) == ANONYMOUS else m.group(1)
+    return producer, int(m.group(2)), int(m.group(3))
 
 
 def check_producer_id(producer_id: str) -> str:
@@ -202,6 +236,33 @@ class StreamMeta:
         )
 
 
+DIGEST_CHARS = 32
+"""A link's digest: the first 128 bits of the SHA-256 of an entry's bytes, in hex."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """Where an entry read from the store stands in the log's chain (docs/design.md §3).
+
+    ``digest`` is the digest of the entry's bytes as stored; ``prev``, for a chained entry,
+    the digest of the entry before it as its writer read it (None where the writer did not
+    know it: the first entries written on a stream created before the chain). An entry
+    rewritten after it was committed changes its digest, so the next entry's ``prev`` no
+    longer matches for readers who read the rewrite, and the rewrite's ``prev`` or digest no
+    longer matches for readers who read the original."""
+
+    digest: str
+    prev: str | None = None
+    chained: bool = False
+
+
+@dataclass(frozen=True)
+class _Logged:
+    link: Link | None = field(default=None, kw_only=True, compare=False, repr=False)
+    """Set on entries read from the store (and on a committer's own entry once it is
+    encoded); None on an entry built in memory and not yet written."""
+
+
 @dataclass(frozen=True)
 class FragmentRef:
     """One Parquet file an append adds (or a reclaim removes)."""
@@ -216,13 +277,13 @@ class FragmentRef:
 
 
 @dataclass(frozen=True)
-class Create:
+class Create(_Logged):
     meta: StreamMeta
     commit_id: str = field(default_factory=new_commit_id)
 
 
 @dataclass(frozen=True)
-class Append:
+class Append(_Logged):
     """Fragments from one producer epoch; ``producer=None`` is a plain, unfenced append."""
 
     producer: str | None
@@ -245,14 +306,14 @@ class Append:
 
 
 @dataclass(frozen=True)
-class Fence:
+class Fence(_Logged):
     producer: str
     epoch: int
     commit_id: str = field(default_factory=new_commit_id)
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(_Logged):
     """Group ``group`` has a durable training checkpoint that resumes at ``step``."""
 
     group: str
@@ -262,7 +323,7 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
-class Register:
+class Register(_Logged):
     """Consumer group ``group`` exists and holds retention from ``step`` until its markers
     take over (a registered group with no marker holds every step from ``step`` on)."""
 
@@ -272,7 +333,7 @@ class Register:
 
 
 @dataclass(frozen=True)
-class RemoveGroup:
+class RemoveGroup(_Logged):
     """Consumer group ``group`` is gone: its markers and registration stop holding data."""
 
     group: str
@@ -280,21 +341,28 @@ class RemoveGroup:
 
 
 @dataclass(frozen=True)
-class Seal:
+class Seal(_Logged):
     """No more appends: every append after this entry is void."""
 
     commit_id: str = field(default_factory=new_commit_id)
 
 
 @dataclass(frozen=True)
-class Reclaim:
+class Reclaim(_Logged):
+    """Retention's entry: every offset below ``below_offset`` is reclaimed; ``removed`` are
+    the live fragments it takes out of the index (each wholly below the point), matched by
+    path and offset, and ``void`` the files of void appends it takes off their list. An
+    entry from before the split (``void`` None) matched its removals by path alone, against
+    live fragments and void files alike."""
+
     below_offset: int
     removed: tuple[FragmentRef, ...]
     commit_id: str = field(default_factory=new_commit_id)
+    void: tuple[FragmentRef, ...] | None = ()
 
 
 @dataclass(frozen=True)
-class Compacted:
+class Compacted(_Logged):
     """A tombstone: gc compacted the entry at this version away, and left this in its place
     so that the version stays taken (a put-if-absent from an old view fails there, and a
     read from one learns that it must reopen). Replay never folds it in."""
@@ -307,7 +375,20 @@ class Compacted:
     commit_id: str = field(default_factory=new_commit_id)
 
 
-Entry = Create | Append | Fence | Checkpoint | Register | RemoveGroup | Seal | Reclaim | Compacted
+@dataclass(frozen=True)
+class Refused(_Logged):
+    """An entry that no Lakestream writer writes, though it parses: an append over the
+    writers' limits (a state larger than ``MAX_STATE_BYTES``, more than
+    ``MAX_FRAGMENTS_PER_ENTRY`` fragments, a file that is not its writer's). Replay folds it
+    in as void, keeping none of its files: the log goes on past it, and nothing it names
+    is trusted."""
+
+    reason: str
+    commit_id: str = field(default_factory=new_commit_id)
+
+
+Entry = Create | Append | Fence | Checkpoint | Register | RemoveGroup | Seal | Reclaim | \
+    Compacted | Refused
 
 
 def _non_string_key(value: Any, path: str) -> str | None:

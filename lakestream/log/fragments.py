@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-import re
-import uuid
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lakestream.errors import AlreadyExistsError
-from lakestream.log.entries import DATA_DIR
 from lakestream.store.base import ObjectStore
 
 ROW_GROUP_TARGET_BYTES = 1 << 20
@@ -23,27 +20,6 @@ buffer that grows."""
 WHOLE_FILE_BYTES = 8 << 20
 """Fragments up to this size are read whole, in one GET, and checked against their CRC-32;
 larger ones are read by row group, their pages checked by Parquet's page checksums."""
-
-
-ANONYMOUS = "_append"
-"""The data folder of ``Stream.append`` (plain appends belong to no producer); no producer
-id can clash with it, since ids start with a letter or digit."""
-_KEY = re.compile(rf"{re.escape(DATA_DIR)}([^/]+)/([0-9]+)-([0-9]+)-[^/]*\.parquet")
-
-
-def fragment_key(producer: str, epoch: int, seq: int) -> str:
-    """``data/<producer>/<epoch>-<seq>-<uuid>.parquet``: unique even across zombies."""
-    return f"{DATA_DIR}{producer}/{epoch}-{seq}-{uuid.uuid4().hex}.parquet"
-
-
-def key_writer(key: str) -> tuple[str | None, int, int] | None:
-    """``(producer, epoch, seq)`` of a fragment key that ``fragment_key`` made (producer
-    None for ``Stream.append``'s), or None for a key of another shape."""
-    m = _KEY.fullmatch(key)
-    if m is None:
-        return None
-    producer = None if m.group(1) == ANONYMOUS else m.group(1)
-    return producer, int(m.group(2)), int(m.group(3))
 
 
 def put_fragment(store: ObjectStore, key: str, body: bytes | memoryview) -> None:

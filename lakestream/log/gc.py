@@ -1,82 +1,41 @@
 """Garbage collection (docs/design.md §7): after a grace period, delete the files retention
-reclaimed and uploads never committed, and compact old log entries into tombstones, old
-snapshots and index segments away."""
+reclaimed and uploads never committed, and what no writer writes from the log's folder, then
+compact the log (``lakestream.log.compaction``)."""
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TypeVar
+import logging
 
-from tqdm import tqdm
-
-from lakestream.errors import (
-    CorruptLogError,
-    NotFoundError,
-    PermissionDeniedError,
-    StoreError,
-    TooLargeError,
-)
+from lakestream.errors import NotFoundError, StoreError
 from lakestream.failpoints import failpoint
-from lakestream.log.codec import encode_entry
+from lakestream.log.compaction import GcReport, compact, delete_or_skip, progress
 from lakestream.log.entries import (
     LOG_DIR,
-    MAX_ENTRY_BYTES,
-    TOMBSTONE_TTL_S,
-    Compacted,
     Reclaim,
     is_delta_checkpoint_key,
+    key_writer,
     log_key,
     log_version,
 )
-from lakestream.log.fragments import key_writer
 from lakestream.log.inventory import unreferenced
-from lakestream.log.opening import read_version_pointer
 from lakestream.log.replay import ReplayState
-from lakestream.log.segments import INDEX_DIR
-from lakestream.log.snapshot import SNAPSHOT_DIR, snapshot_key, snapshot_segments, snapshot_version
 from lakestream.log.tail import read_entry
 from lakestream.log.view import LogView
 from lakestream.store.base import ObjectMeta, ObjectStore
 
-T = TypeVar("T")
+log = logging.getLogger("lakestream")
 IN_FLIGHT_MIN_AGE_S = 86_400.0
 """Uploads a live producer may still commit (``_in_flight``) are kept at least this long
 whatever the grace: a grace shorter than a commit takes must not delete what the commit is
 about to name. A producer instance that crashed with such uploads leaves them until it
 restarts (its new epoch makes them deletable after the grace) or this age passes."""
 CLOCK_KEY = "_lakestream/_clock"
-COMPACTED_KEY = "_lakestream/_compacted"
-"""``{"version": F}``: every log version below F is a tombstone (or, after its TTL, gone)."""
-LAST_CHECKPOINT_KEY = "_delta_log/_last_checkpoint"
 
 
 def store_now(store: ObjectStore) -> float:
     """The store's own clock: the timestamp it gives an object written now."""
     store.put(CLOCK_KEY, b"", mode="overwrite")
     return store.head(CLOCK_KEY).last_modified
-
-
-@dataclass
-class GcReport:
-    """What one gc run deleted (and what it kept for the grace period)."""
-
-    data_files: int = 0
-    data_bytes: int = 0
-    log_entries: int = 0
-    """Log entries compacted: replaced by tombstones."""
-    tombstones: int = 0
-    """Tombstones deleted once older than ``TOMBSTONE_TTL_S``."""
-    delta_checkpoints: int = 0
-    snapshots: int = 0
-    index_segments: int = 0
-    temp_files: int = 0
-    kept_in_grace: int = 0
-    skipped: list[str] = field(default_factory=list)
-    """What gc could not handle and left (a key the store refuses, a folder that is a
-    link, a failed listing), one line each: the rest was collected, the log compacted."""
 
 
 def _protected_by_recent_reclaims(store: ObjectStore, state: ReplayState,
@@ -96,13 +55,9 @@ def _protected_by_recent_reclaims(store: ObjectStore, state: ReplayState,
     return paths
 
 
-def _progress(items: list[T], label: str) -> Iterable[T]:
-    """``items``, with a progress bar on a terminal (none in logs and pipes)."""
-    return tqdm(items, desc=label, unit="file", disable=not sys.stderr.isatty(), leave=False)
-
-
 def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
-            delta_checkpoint_version: int | None, *, seen_at: float | None = None) -> GcReport:
+            delta_checkpoint_version: int | None, *, seen_at: float | None = None,
+            report: GcReport | None = None) -> GcReport:
     """Deletes, after ``grace_seconds`` by the store's clock: data files no live fragment
     references (reclaimed, void, or uploaded and never committed), temp files of killed
     local writers, and log entries and snapshots older than both the newest snapshot and
@@ -115,7 +70,7 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
     """
     if grace_seconds < 0:
         raise ValueError(f"grace_seconds must be >= 0, got {grace_seconds}")
-    report = GcReport()
+    report = report if report is not None else GcReport()
     now = store_now(store)
     cutoff = now - grace_seconds
     protected = _protected_by_recent_reclaims(store, state, cutoff)
@@ -131,42 +86,102 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
                 report.kept_in_grace += 1
     except StoreError as e:  # e.g. data/ made a link out of the stream: compact all the same
         report.skipped.append(f"data files: {e}")
-    for meta in _progress(doomed, "gc data"):
+    for meta in progress(doomed, "gc data"):
         failpoint("during_gc")
-        if _delete(store, meta.key, report):
+        if delete_or_skip(store, meta.key, report):
             report.data_files += 1
             report.data_bytes += meta.size
     list_temp = getattr(store, "list_temp", None)
     if list_temp is not None:
         try:
             for meta in list_temp(""):
-                if meta.last_modified <= cutoff and _delete(store, meta.key, report):
+                if meta.last_modified <= cutoff and delete_or_skip(store, meta.key, report):
                     report.temp_files += 1
         except StoreError as e:
             report.skipped.append(f"temp files: {e}")
-    _compact(store, state, now, cutoff, delta_checkpoint_version, report)
+    compact(store, state, now, cutoff, delta_checkpoint_version, report)
     return report
 
 
 def gc_stream(view: LogView, grace_seconds: float, *, delta_checkpoint: bool = True,
               storage_options: dict[str, str] | None = None) -> GcReport:
-    """What ``Stream.gc`` does: reads the store's clock, then the log's head, writes a Delta
-    checkpoint (with ``delta_checkpoint`` and deltalake installed: other engines open the
-    table fast, and old entries may go), then ``collect``s on the state read."""
+    """What ``Stream.gc`` does: reads the store's clock, then the log's head, deletes what no
+    writer writes from the log's folder (``remove_forged``), writes a Delta checkpoint (with
+    ``delta_checkpoint`` and deltalake installed: other engines open the table fast, and old
+    entries may go), then ``collect``s on the state read."""
     seen_at = store_now(view.store)  # before the state gc works from is read
     view.refresh()
-    version = _write_delta_checkpoint(view.uri, storage_options) if delta_checkpoint else None
-    return collect(view.store, view.state, grace_seconds, version, seen_at=seen_at)
+    report = GcReport()
+    remove_forged(view, report)
+    version = _write_delta_checkpoint(view.uri, storage_options, report) \
+        if delta_checkpoint else None
+    return collect(view.store, view.state, grace_seconds, version, seen_at=seen_at,
+                   report=report)
 
 
-def _write_delta_checkpoint(uri: str, storage_options: dict[str, str] | None) -> int | None:
+def remove_forged(view: LogView, report: GcReport) -> None:
+    """Deletes log entries past a gap and Delta checkpoints no engine wrote (not Parquet, or
+    of a version not committed yet), naming each in ``report.forged``.
+
+    An entry is past a gap if, after the folder was listed, the version after the head is
+    absent while a later one was listed: committers put a version only once they have read
+    the one before it, so that entry was put when the version before it did not exist.
+    Delta readers refuse a table with a gap or a checkpoint they cannot read; replay never
+    reaches such an entry, but a committer would meet it once the log grows to it.
+    """
+    store = view.store
+    listed = list(store.list(LOG_DIR))
+    head = view.refresh()  # the head after the listing: the version past it is absent now
+    for meta in listed:
+        checkpoint = is_delta_checkpoint_key(meta.key)
+        try:
+            version = log_version(meta.key) if checkpoint is None else checkpoint
+        except ValueError:
+            continue  # _last_checkpoint, and whatever else other engines keep there
+        if checkpoint is None:
+            forged = version > head + 1
+            why = f"version {version} past the head {head}, with {head + 1} absent"
+        else:
+            forged = version > head or not _is_parquet(store, meta)
+            why = f"a Delta checkpoint of version {version} that no engine wrote (the head " \
+                f"is {head})"
+        if forged and delete_or_skip(store, meta.key, report):
+            report.forged.append(f"{meta.key}: {why}")
+            log.warning("gc deleted %s: %s", meta.key, why)
+
+
+def _is_parquet(store: ObjectStore, meta: ObjectMeta) -> bool:
+    """Whether ``meta`` is a Parquet file whose footer reads (the first thing a Delta reader
+    does with a checkpoint)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with store.open_input(meta.key, meta.size) as f:
+            pq.read_metadata(f)
+        return True
+    except (OSError, ValueError, pa.ArrowException, NotFoundError):
+        return False
+    except StoreError:
+        return True  # an outage, not damage: keep it
+
+
+def _write_delta_checkpoint(uri: str, storage_options: dict[str, str] | None,
+                            report: GcReport) -> int | None:
+    """Writes a Delta checkpoint with deltalake; returns its version, or None (nothing of
+    the Delta log may go then) if deltalake is not installed or fails, which is reported."""
     try:
         import deltalake
     except ImportError:
         return None
-    table = deltalake.DeltaTable(uri, storage_options=storage_options)
-    table.create_checkpoint()
-    return int(table.version())
+    try:
+        table = deltalake.DeltaTable(uri, storage_options=storage_options)
+        table.create_checkpoint()
+        return int(table.version())
+    except Exception as e:  # noqa: BLE001 - deltalake's errors: reported, gc goes on
+        report.skipped.append(f"Delta checkpoint: deltalake failed ({type(e).__name__}: "
+                              f"{str(e)[:300]}); the log is kept whole")
+        return None
 
 
 def _in_flight(state: ReplayState, meta: ObjectMeta, seen_at: float) -> bool:
@@ -187,159 +202,4 @@ def _in_flight(state: ReplayState, meta: ObjectMeta, seen_at: float) -> bool:
         return meta.last_modified > seen_at
     return epoch >= p.epoch and seq > p.seq
 
-
-def _delete(store: ObjectStore, key: str, report: GcReport) -> bool:
-    """Deletes ``key``; a key the store refuses (a name it cannot address, a link on the
-    way) is reported and skipped, so one odd file never stops gc."""
-    try:
-        store.delete(key)
-        return True
-    except (ValueError, StoreError, PermissionDeniedError) as e:
-        report.skipped.append(f"{key!r}: {e}")
-        return False
-
-
-def _compact(store: ObjectStore, state: ReplayState, now: float, cutoff: float,
-             delta_checkpoint_version: int | None,
-             report: GcReport) -> None:
-    """Compacts log entries nothing needs any more into tombstones, deletes tombstones past
-    their TTL, and deletes old snapshots, Delta checkpoints and index segments.
-
-    A compacted entry is overwritten by a tombstone, never deleted: its version stays taken,
-    so a handle whose view is older than the retained log cannot commit there (its
-    put-if-absent fails and the tombstone tells it to reopen), and a reader there learns the
-    same rather than taking the missing version for the head (docs/design.md §7).
-    """
-    interval = state.stream_meta.snapshot_interval
-    newest = (state.version // interval) * interval
-    try:
-        store.head(snapshot_key(newest))
-    except NotFoundError:
-        return  # the snapshot a reader would open from is missing: keep the whole log
-    # Keep the previous snapshot too, as a fallback should the newest be damaged.
-    keep_from = max(0, newest - interval)
-    if delta_checkpoint_version is None:
-        return  # without a Delta checkpoint, Delta readers need every entry
-    # Delta readers start from the checkpoint _last_checkpoint names, which another gc or
-    # another engine may have rewritten since ours: keep everything from it on.
-    pointed = _last_delta_checkpoint(store)
-    if pointed is None:
-        return
-    keep_from = min(keep_from, delta_checkpoint_version, pointed)
-    floor = read_version_pointer(store, COMPACTED_KEY) or 0
-    for v in [v for v in state.reclaim_versions if floor <= v < keep_from]:
-        try:
-            if store.head(log_key(v)).last_modified > cutoff:
-                keep_from = min(keep_from, v)  # a recent reclaim: readers may still use it
-        except NotFoundError:
-            continue
-    live: list[tuple[int, ObjectMeta]] = []
-    expired: list[ObjectMeta] = []
-    checkpoints: list[ObjectMeta] = []
-    for meta in store.list(LOG_DIR):
-        checkpoint = is_delta_checkpoint_key(meta.key)
-        if checkpoint is not None:
-            # Delta readers start from _last_checkpoint, which names one at or after
-            # keep_from: older checkpoints only pile up (one per gc).
-            if checkpoint < keep_from:
-                checkpoints.append(meta)
-            continue
-        try:
-            v = log_version(meta.key)
-        except ValueError:
-            continue  # _last_checkpoint and whatever else other engines keep there
-        if v < floor:
-            if meta.last_modified <= now - TOMBSTONE_TTL_S:
-                expired.append(meta)
-        elif v < keep_from:
-            live.append((v, meta))
-    # In version order, up to the first entry still in its grace: the tombstones are then
-    # every version below the new floor.
-    compacted = floor
-    for v, meta in _progress(sorted(live), "gc log"):
-        if meta.last_modified > cutoff:
-            break
-        failpoint("during_gc")
-        if _tombstone(store, v, newest):
-            report.log_entries += 1
-        compacted = v + 1
-    if compacted > floor and compacted > (read_version_pointer(store, COMPACTED_KEY) or 0):
-        store.put(COMPACTED_KEY, json.dumps({"version": compacted}).encode(), mode="overwrite")
-    for meta in expired:
-        store.delete(meta.key)
-        report.tombstones += 1
-    for meta in checkpoints:
-        if meta.last_modified <= cutoff:
-            store.delete(meta.key)
-            report.delta_checkpoints += 1
-    for meta in store.list(SNAPSHOT_DIR):
-        try:
-            v = snapshot_version(meta.key)
-        except ValueError:
-            continue
-        if v < keep_from and meta.last_modified <= cutoff:
-            store.delete(meta.key)
-            report.snapshots += 1
-    try:
-        _sweep_index(store, cutoff, report)
-    except StoreError as e:  # e.g. the index folder made a link out of the stream
-        report.skipped.append(f"index segments: {e}")
-
-
-def _tombstone(store: ObjectStore, version: int, snapshot: int) -> bool:
-    """Overwrites the entry at ``version`` with a tombstone naming ``snapshot`` and the
-    replaced entry's commit id; False if a tombstone is there already (another gc's)."""
-    try:
-        data = store.get(log_key(version), max_bytes=MAX_ENTRY_BYTES)
-    except NotFoundError:
-        data = b""  # deleted by a gc from before tombstones: take the version all the same
-    except TooLargeError:
-        data = b""  # not an entry this lakestream wrote: replaced all the same
-    replaced = _commit_id(data)
-    if replaced is _ALREADY:
-        return False
-    store.put(log_key(version), encode_entry(Compacted(snapshot, replaced)), mode="overwrite")
-    return True
-
-
-_ALREADY = "\0tombstone"
-
-
-def _commit_id(data: bytes) -> str | None:
-    """The commit id in an entry's first line (its commitInfo), ``_ALREADY`` if it is a
-    tombstone, None if it cannot be read: the rest of the entry is not parsed."""
-    try:
-        info = json.loads(data[:data.index(b"\n")])["commitInfo"]["lakestream"]
-        if info.get("op") == "compacted":
-            return _ALREADY
-        cid = info["commit_id"]
-        return cid if isinstance(cid, str) else None
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _last_delta_checkpoint(store: ObjectStore) -> int | None:
-    """The version ``_delta_log/_last_checkpoint`` names, or None if it is missing or
-    unreadable (then nothing of the Delta log may go)."""
-    try:
-        return read_version_pointer(store, LAST_CHECKPOINT_KEY)
-    except StoreError:
-        return None
-
-
-def _sweep_index(store: ObjectStore, cutoff: float, report: GcReport) -> None:
-    """Deletes index segments that no remaining snapshot names (blocks merged into larger
-    ones, or superseded after a reclaim). Unless every manifest is readable, keeps them all."""
-    named: set[str] = set()
-    for meta in store.list(SNAPSHOT_DIR):
-        try:
-            named.update(snapshot_segments(store, snapshot_version(meta.key)))
-        except (ValueError, NotFoundError):
-            continue
-        except CorruptLogError:
-            return
-    for meta in store.list(INDEX_DIR):
-        if meta.key not in named and meta.last_modified <= cutoff \
-                and _delete(store, meta.key, report):
-            report.index_segments += 1
 

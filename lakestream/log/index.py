@@ -36,17 +36,27 @@ CACHED_SEGMENTS = 32
 
 @dataclass(frozen=True)
 class Removal:
-    """A reclaim: the files it removed, all of them below ``below`` (log version
-    ``version``)."""
+    """A reclaim: the live fragments it removed, all of them below ``below`` (log version
+    ``version``), by path and offset (``keys``), or by path alone (``paths``, a reclaim
+    from before the split: ``keys`` None)."""
 
     version: int
     below: int
     paths: frozenset[str]
+    keys: frozenset[tuple[str, int]] | None = None
 
     def apply(self, cols: Columns, where: str) -> Columns:
         if not len(cols) or not self.paths:
             return cols
-        gone = np.fromiter((p in self.paths for p in cols.paths.to_pylist()), bool, len(cols))
+        if self.keys is None:
+            gone = np.fromiter((p in self.paths for p in cols.paths.to_pylist()), bool,
+                               len(cols))
+        else:
+            keys = self.keys
+            gone = np.fromiter(((p, o) in keys for p, o in zip(cols.paths.to_pylist(),
+                                                                cols.offset.tolist(),
+                                                                strict=True)),
+                               bool, len(cols))
         if not gone.any():
             return cols
         past = gone & (cols.offset + cols.rows > self.below)
@@ -236,14 +246,16 @@ class FragmentIndex:
                        if cols.offset[k] + cols.rows[k] > lo)
         return out
 
-    def below(self, offset: int) -> list[Fragment]:
-        """Live fragments wholly below ``offset``, in offset order."""
+    def below(self, offset: int, *, limit: int | None = None) -> list[Fragment]:
+        """Live fragments wholly below ``offset``, in offset order (the first ``limit``)."""
         out: list[Fragment] = []
         for part in self.parts:
-            if part.start >= offset:
+            if part.start >= offset or limit is not None and len(out) >= limit:
                 break
             cols = self.load(part)
             n = int(np.searchsorted(cols.offset + cols.rows, offset, side="right"))
+            if limit is not None:
+                n = min(n, limit - len(out))
             out.extend(cols.slice(0, n).fragments())
         return out
 

@@ -5,6 +5,7 @@ tail, in a number of requests that does not grow with the log (docs/design.md §
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from lakestream.errors import (
     AlreadyExistsError,
@@ -13,8 +14,8 @@ from lakestream.errors import (
     NotFoundError,
     StoreError,
 )
-from lakestream.log.codec import encode_entry
-from lakestream.log.entries import Create, StreamMeta, log_key
+from lakestream.log.codec import encode_entry, entry_digest
+from lakestream.log.entries import Create, Link, StreamMeta, log_key
 from lakestream.log.replay import ReplayState
 from lakestream.log.segments import segment_fetcher
 from lakestream.log.snapshot import (
@@ -42,8 +43,9 @@ def create_log(store: ObjectStore, uri: str, meta: StreamMeta) -> ReplayState:
         StoreError: the store failed (and version 0 is not ours).
     """
     entry = Create(meta)
+    data = encode_entry(entry)
     try:
-        store.put(log_key(0), encode_entry(entry), mode="create")
+        store.put(log_key(0), data, mode="create")
     except (AlreadyExistsError, StoreError) as e:
         # A lost reply, or a retried PUT meeting its own object: read what is there.
         existing = entry_or_none(store, 0)
@@ -54,7 +56,7 @@ def create_log(store: ObjectStore, uri: str, meta: StreamMeta) -> ReplayState:
                 f"a stream already exists at {uri}; open it with lakestream.open"
             ) from None
     state = ReplayState()
-    state.apply(0, entry)
+    state.apply(0, replace(entry, link=Link(entry_digest(data), None, True)))
     write_snapshot(store, state)
     return state
 
@@ -69,14 +71,12 @@ def _exists(store: ObjectStore, key: str) -> bool:
 
 def read_version_pointer(store: ObjectStore, key: str) -> int | None:
     """The version a pointer object (``{"version": v, ...}``, overwritten in place) names, or
-    None if it is missing, torn or foreign.
-
-    Raises:
-        StoreError: the store failed.
-    """
+    None if it is missing, torn, foreign or unreadable: a pointer is a hint, and whoever
+    reads one does without it (the opener probes; gc keeps what it cannot prove it may
+    delete). A store that fails here fails the next request too."""
     try:
         return count(loads(store.get(key, max_bytes=MAX_POINTER_BYTES))["version"], "version")
-    except (NotFoundError, ValueError, KeyError, TypeError):
+    except (NotFoundError, StoreError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -64,10 +64,28 @@ def read_progress(store: ObjectStore, group: str) -> Progress | None:
         pv, job = d.get("policy_version"), d.get("job")
         return Progress(count(d["step"], "step"),
                         None if pv is None else count(pv, "policy version", low=-MAX_INT),
-                        float(d.get("updated", 0.0)), None if job is None else str(job))
+                        _seconds(d.get("updated", 0.0)),
+                        None if job is None else _job(job))
     except (NotFoundError, StoreError, ValueError, KeyError, TypeError, AttributeError):
         # TooLargeError is a ValueError: a progress object that large is not progress.
         return None
+
+
+MAX_JOB_CHARS = 256
+
+
+def _seconds(value: object) -> float:
+    """A time in seconds since the epoch: a finite int or float within ten thousand years
+    (an int of 400 digits, say, is no time: ``float`` of it raised OverflowError)."""
+    if type(value) not in (int, float) or not 0 <= value < 1e12:  # type: ignore[operator]
+        raise ValueError(f"updated {str(value)[:40]!r} is not a time")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _job(value: object) -> str:
+    if not isinstance(value, str) or len(value) > MAX_JOB_CHARS:
+        raise ValueError(f"job {str(value)[:40]!r} is not a short string")
+    return value
 
 
 def list_progress(store: ObjectStore) -> dict[str, Progress]:

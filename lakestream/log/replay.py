@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lakestream.errors import CorruptLogError, LogCompactedError, StreamSealedError
@@ -18,6 +18,7 @@ from lakestream.log.entries import (
     Fence,
     FragmentRef,
     Reclaim,
+    Refused,
     Register,
     RemoveGroup,
     Seal,
@@ -25,14 +26,19 @@ from lakestream.log.entries import (
     valid_group,
 )
 from lakestream.log.index import FragmentIndex, Removal
+from lakestream.log.overlay import OverlayDict
 from lakestream.log.segments import Fragment
 from lakestream.store.parse import MAX_INT
 
 RECENT_APPENDS = 256
 """Appends a state remembers the writers of (``ReplayState.recent``)."""
+MAX_VOID_FILES = 100_000
+"""Files of void appends a state lists for retention to remove from the Delta view; past it,
+more void files are not listed (gc deletes them all the same: no live fragment names
+them), so that void appends cannot grow every state and manifest without end."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProducerState:
     epoch: int = 0
     seq: int = -1
@@ -50,7 +56,8 @@ class Marker:
 
 
 class ReplayState:
-    """The state after replaying versions ``0..version``. ``apply`` mutates; ``copy`` forks."""
+    """The state after replaying versions ``0..version``. ``apply`` mutates; ``copy`` forks,
+    in time that does not grow with the producers, groups or markers the stream knows."""
 
     def __init__(self) -> None:
         self.version = -1
@@ -58,14 +65,14 @@ class ReplayState:
         self.next_offset = 0
         self.index = FragmentIndex()
         """The live fragments (``docs/design.md`` §4): lookups fetch what they touch."""
-        self.producers: dict[str, ProducerState] = {}
-        self.markers: dict[str, list[Marker]] = {}
-        self.registered: dict[str, int] = {}
+        self.producers: OverlayDict[str, ProducerState] = OverlayDict()
+        self.markers: OverlayDict[str, tuple[Marker, ...]] = OverlayDict()
+        self.registered: OverlayDict[str, int] = OverlayDict()
         """Registered consumer groups and the step each holds from (``Register``)."""
         self.reclaimed_below = 0
-        self.reclaim_versions: list[int] = []
+        self.reclaim_versions: tuple[int, ...] = ()
         """Versions of reclaim entries (gc keeps their files for the grace period)."""
-        self.voided: list[tuple[int, tuple[FragmentRef, ...]]] = []
+        self.voided: tuple[tuple[int, tuple[FragmentRef, ...]], ...] = ()
         """Void appends (fenced zombies, duplicates) and their files, for maintenance."""
         self.sealed_at: int | None = None
         """The stream's size in samples when it was sealed; None while it takes appends."""
@@ -73,16 +80,19 @@ class ReplayState:
         """``(version, producer)`` of the last appends folded in by this state (None:
         ``Stream.append``'s): who is writing now, for a committer's pacing. Not in
         snapshots: a state opened from one starts it empty."""
-
+        self.digest: str | None = None
+        """The digest of the entry at ``version`` as this state read it (``Link``); None
+        where unknown (a snapshot from before the chain, an entry built in memory)."""
+        self.chained = False
+        """Whether a chained entry has been folded in: from then on every entry must be
+        chained, and name the digest of the entry before it."""
 
     def copy(self) -> ReplayState:
         other = copy.copy(self)
         other.index = self.index.copy()
-        other.producers = {k: copy.copy(v) for k, v in self.producers.items()}
-        other.markers = {k: list(v) for k, v in self.markers.items()}
-        other.registered = dict(self.registered)
-        other.voided = list(self.voided)
-        other.reclaim_versions = list(self.reclaim_versions)
+        other.producers = self.producers.copy()
+        other.markers = self.markers.copy()
+        other.registered = self.registered.copy()
         other.recent = self.recent.copy()
         return other
 
@@ -145,58 +155,118 @@ class ReplayState:
         an entry that raises leaves the state unchanged.
 
         Raises:
-            CorruptLogError: versions out of order, an entry before version 0, or offsets
-                recorded in the entry that disagree with replay.
+            CorruptLogError: versions out of order, an entry before version 0, offsets
+                recorded in the entry that disagree with replay, an entry that does not
+                follow the one before it in the chain (one of them was rewritten), or a
+                tombstone gc cannot have written.
             LogCompactedError: the entry is gc's tombstone: this state is older than the
                 log's retained start, and only a newer snapshot can take it further.
         """
         if isinstance(entry, Compacted):
+            if entry.snapshot <= version:
+                # gc compacts only below the snapshot before the newest, which it names.
+                raise CorruptLogError(
+                    f"log version {version} holds a tombstone naming snapshot "
+                    f"{entry.snapshot}, which is not past it: gc never writes one, so the "
+                    "entry there was overwritten by another writer (docs/deployment.md, "
+                    "Threat model)")
             raise LogCompactedError(
                 f"log version {version} was compacted by gc: a view at version {self.version} "
                 f"is older than the retained log; reopen from snapshot {entry.snapshot} or "
                 "later", version=version, snapshot=entry.snapshot)
         if version != self.version + 1:
             raise CorruptLogError(f"log version {version} replayed after {self.version}")
+        self._check_link(version, entry)
         if isinstance(entry, Create):
             if version != 0:
                 raise CorruptLogError(f"log version {version} re-creates the stream")
             self.meta = entry.meta
         elif self.meta is None:
             raise CorruptLogError(f"log version {version} comes before the stream's creation")
-        applied = True
+        applied = self._fold(version, entry)
+        self.version = version
+        if entry.link is not None:
+            self.digest = entry.link.digest
+            self.chained = self.chained or entry.link.chained
+        else:
+            self.digest = None
+        return applied
+
+    def _check_link(self, version: int, entry: Entry) -> None:
+        """Raises CorruptLogError if ``entry`` does not follow the entry this state read at
+        ``version - 1``: a chained entry names that entry's digest (or None, the writer not
+        knowing it, only before the chain started), and once the chain has started every
+        entry is chained."""
+        link = entry.link
+        if link is None:
+            return  # built in memory, not read: nothing to check
+        if not link.chained:
+            if self.chained:
+                raise CorruptLogError(
+                    f"log version {version} is not chained, though the entries before it are: "
+                    "it was written by a lakestream from before the chain, or rewritten; "
+                    "nothing after it is read")
+            return
+        if self.digest is None or link.prev == self.digest:
+            return
+        if link.prev is None and not self.chained:
+            return  # the first chained entries of a stream from before the chain
+        raise CorruptLogError(
+            f"log version {version} does not follow log version {version - 1} as this reader "
+            f"read it (it names digest {link.prev}, the entry read was {self.digest}): one of "
+            "the two was rewritten after it was committed. Readers refuse to go on rather "
+            "than read a history another reader does not; compare the two entries, and see "
+            "docs/deployment.md, Threat model")
+
+    def _fold(self, version: int, entry: Entry) -> bool:
         if isinstance(entry, Append):
-            applied = self._append(version, entry)
-        elif isinstance(entry, Fence):
-            p = self.producers.setdefault(entry.producer, ProducerState())
-            applied = entry.epoch > p.epoch
-            if applied:
-                p.epoch = entry.epoch
-        elif isinstance(entry, Checkpoint | Register | RemoveGroup) \
+            return self._append(version, entry)
+        if isinstance(entry, Fence):
+            p = self.producers.get(entry.producer, ProducerState())
+            if entry.epoch <= p.epoch:
+                return False
+            self.producers[entry.producer] = replace(p, epoch=entry.epoch)
+            return True
+        if isinstance(entry, Checkpoint | Register | RemoveGroup) \
                 and not valid_group(entry.group):
             # Writers refuse such a name; one that does not (another tool) has its entry
             # void, so no name that could not be removed, or would print as terminal
             # control sequences, ever becomes a group.
-            applied = False
-        elif isinstance(entry, Checkpoint):
-            self.markers.setdefault(entry.group, []).append(
-                Marker(entry.group, entry.step, entry.checkpoint_id, version))
+            return False
+        if isinstance(entry, Checkpoint | Register) and entry.step > self.num_steps:
+            # Writers mark and register only steps already readable: one past the stream's
+            # end holds nothing, nor can it stand as a group's last marker or registration
+            # (a reclaim past every honest hold would pass).
+            return False
+        if isinstance(entry, Checkpoint):
+            self.markers[entry.group] = (*self.markers.get(entry.group, ()),
+                                         Marker(entry.group, entry.step, entry.checkpoint_id,
+                                                version))
         elif isinstance(entry, Register):
-            self.registered.setdefault(entry.group, entry.step)
+            held = self.registered.get(entry.group)
+            if held is not None and held <= entry.step:
+                return False  # a group holds from its earliest registration
+            self.registered[entry.group] = entry.step
         elif isinstance(entry, RemoveGroup):
             self.markers.pop(entry.group, None)
             self.registered.pop(entry.group, None)
         elif isinstance(entry, Seal):
-            applied = self.sealed_at is None
-            if applied:
-                self.sealed_at = self.next_offset
+            if self.sealed_at is not None:
+                return False
+            self.sealed_at = self.next_offset
         elif isinstance(entry, Reclaim):
-            applied = self._reclaim(version, entry)
-        self.version = version
-        return applied
+            return self._reclaim(version, entry)
+        elif isinstance(entry, Refused):
+            return False
+        return True
 
     def _append(self, version: int, entry: Append) -> bool:
+        group = self.stream_meta.group_size
+        if any(f.rows == 0 or f.rows % group for f in entry.fragments):
+            return False  # no writer writes such a fragment: void, and its files unlisted
         if self.is_void(entry):
-            self.voided.append((version, entry.fragments))
+            if sum(len(fs) for _v, fs in self.voided) + len(entry.fragments) <= MAX_VOID_FILES:
+                self.voided = (*self.voided, (version, entry.fragments))
             return False
         # Check every fragment before changing anything: a corrupt entry leaves the state
         # exactly as it was, at the version before it.
@@ -215,10 +285,9 @@ class ReplayState:
         self.next_offset = offset
         self.recent.append((version, entry.producer))
         if entry.producer is not None:
-            p = self.producers.setdefault(entry.producer, ProducerState())
-            p.epoch = max(p.epoch, entry.epoch)
-            p.seq = entry.last_seq
-            p.state = entry.state
+            p = self.producers.get(entry.producer, ProducerState())
+            self.producers[entry.producer] = ProducerState(max(p.epoch, entry.epoch),
+                                                           entry.last_seq, entry.state)
         return True
 
     def _reclaim(self, version: int, entry: Reclaim) -> bool:
@@ -233,20 +302,29 @@ class ReplayState:
                 f"log version {version} reclaims below offset {entry.below_offset}, past the "
                 f"end of the stream ({self.next_offset})"
             )
-        void = {f.path for _v, fs in self.voided for f in fs}
-        for f in entry.removed:
-            if f.path not in void and f.offset + f.rows > entry.below_offset:
+        if entry.void is None:  # from before the split: live and void files by path
+            void = {f.path for _v, fs in self.voided for f in fs}
+            live = [f for f in entry.removed if f.path not in void]
+            removal = Removal(version, entry.below_offset,
+                              frozenset(f.path for f in entry.removed))
+            gone = removal.paths
+        else:
+            live = list(entry.removed)
+            removal = Removal(version, entry.below_offset, frozenset(f.path for f in live),
+                              frozenset((f.path, f.offset) for f in live))
+            gone = frozenset(f.path for f in entry.void)
+        for f in live:
+            if f.offset + f.rows > entry.below_offset:
                 raise CorruptLogError(
                     f"log version {version} removes {f.path}, which holds offsets past "
                     f"{entry.below_offset}"
                 )
-        gone = frozenset(f.path for f in entry.removed)
-        self.index.remove(Removal(version, entry.below_offset, gone))
+        self.index.remove(removal)
         if gone:
-            self.voided = [(v, fs) for v, fs in self.voided
-                           if not all(f.path in gone for f in fs)]
+            self.voided = tuple((v, fs) for v, fs in self.voided
+                                if not all(f.path in gone for f in fs))
         self.reclaimed_below = max(self.reclaimed_below, entry.below_offset)
-        self.reclaim_versions.append(version)
+        self.reclaim_versions = (*self.reclaim_versions, version)
         return True
 
     def writers_since(self, version: int, *, besides: str | None = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lakestream.log.entries import Entry, FragmentRef, Reclaim
+from lakestream.log.entries import MAX_FRAGMENTS_PER_ENTRY, Entry, FragmentRef, Reclaim
 from lakestream.log.replay import ReplayState
 
 
@@ -37,17 +37,31 @@ def retention_point(state: ReplayState, keep_last: int) -> RetentionPoint:
     return RetentionPoint(step, below, live + void)
 
 
-def group_holds(state: ReplayState, keep_last: int) -> dict[str, int]:
-    """The step from which each consumer group holds data (``ReplayState.holds``)."""
-    return state.holds(keep_last)
-
-
 def reclaim_entry(state: ReplayState, keep_last: int, commit_id: str) -> Entry | None:
-    """The reclaim entry to commit on top of ``state``, or None if nothing is reclaimable.
+    """The next reclaim entry to commit on top of ``state``, or None if nothing is left to
+    reclaim. One entry removes at most ``MAX_FRAGMENTS_PER_ENTRY`` files: live fragments
+    first (its point is then the end of the last it removes, if that is short of the
+    retention point), then void appends' files. ``retain`` commits them until None.
 
     Built anew on each commit attempt, so markers committed concurrently are honoured.
     """
-    point = retention_point(state, keep_last)
-    if not point.fragments and point.below_offset <= state.reclaimed_below:
+    _, point = state.retention_point(keep_last)
+    live = [FragmentRef(f.path, f.rows, f.size, f.offset, -1, f.crc32)
+            for f in state.index.below(point, limit=MAX_FRAGMENTS_PER_ENTRY)]
+    below = point
+    if len(live) == MAX_FRAGMENTS_PER_ENTRY:
+        below = min(point, live[-1].offset + live[-1].rows)
+    room = MAX_FRAGMENTS_PER_ENTRY - len(live)
+    void: list[FragmentRef] = []
+    for _v, fs in state.voided:
+        if len(void) + len(fs) > room:
+            break  # a void append's files leave their list together
+        void.extend(fs)
+    if not live and not void and below <= state.reclaimed_below:
         return None
-    return Reclaim(point.below_offset, point.fragments, commit_id)
+    return Reclaim(max(below, state.reclaimed_below), tuple(live), commit_id, tuple(void))
+
+
+def group_holds(state: ReplayState, keep_last: int) -> dict[str, int]:
+    """The step from which each consumer group holds data (``ReplayState.holds``)."""
+    return state.holds(keep_last)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +39,8 @@ from lakestream.errors import (
 )
 from lakestream.failpoints import failpoint
 from lakestream.log.entries import (
+    DIGEST_CHARS,
+    MAX_CHECKPOINT_ID,
     FragmentRef,
     StreamMeta,
     check_data_key,
@@ -45,6 +48,7 @@ from lakestream.log.entries import (
     check_producer_id,
 )
 from lakestream.log.index import FragmentIndex, Part, check_part
+from lakestream.log.overlay import OverlayDict
 from lakestream.log.replay import Marker, ProducerState, ReplayState
 from lakestream.log.segments import (
     INDEX_DIR,
@@ -63,12 +67,14 @@ from lakestream.store.parse import MAX_INT, count, loads
 log = logging.getLogger("lakestream")
 SNAPSHOT_DIR = "_lakestream/snapshots/"
 HINT_KEY = "_lakestream/_last_snapshot"
-SNAPSHOT_FORMAT = 3
-SEALED_SNAPSHOT_FORMAT = 4
-"""Format 3 plus ``sealed_at``: a lakestream from before sealing must not read a sealed
-stream's manifest as open (it would commit appends that replay voids); it finds the
-format unreadable, falls back to the log, and stops at the seal entry by name."""
-_READABLE_FORMATS = (2, 3, 4)
+SNAPSHOT_FORMAT = 5
+"""Format 4 (format 3 plus ``sealed_at``) plus the chain: ``digest``, the digest of the entry
+at the snapshot's version, and ``chained``. A lakestream from before the chain finds it
+unreadable, falls back to the log, and stops at the first chained entry by name."""
+_READABLE_FORMATS = (2, 3, 4, 5)
+_SEGMENT_NAME = re.compile(r"[0-9A-Za-z._~-]{1,200}")
+"""What a segment's name may be: ``<lo>-<hi>-<reclaim>-<n>.parquet``, ``<stem>~<reclaim>
+.parquet`` (older streams padded the numbers). Nothing a terminal or a path would act on."""
 _CRC_LINE = b"\ncrc32:"
 # What decoding stored bytes can raise when they are damaged (pyarrow raises a bare OSError
 # for a torn Parquet footer). Decoding touches no store, so none of these is an outage;
@@ -106,9 +112,16 @@ def snapshot_version(key: str) -> int:
 
 
 def _encode_manifest(state: ReplayState, segments: list[list[object]]) -> bytes:
+    """The manifest of ``state``.
+
+    Raises:
+        TooLargeError: it would be larger than ``MAX_MANIFEST_BYTES``, which readers refuse.
+    """
     info = {
-        "format": SNAPSHOT_FORMAT if state.sealed_at is None else SEALED_SNAPSHOT_FORMAT,
+        "format": SNAPSHOT_FORMAT,
         "version": state.version,
+        "digest": state.digest,
+        "chained": state.chained,
         "next_offset": state.next_offset,
         "reclaimed_below": state.reclaimed_below,
         "reclaim_versions": state.reclaim_versions,
@@ -123,6 +136,10 @@ def _encode_manifest(state: ReplayState, segments: list[list[object]]) -> bytes:
         "segments": segments,
     }
     body = json.dumps(info, sort_keys=True, separators=(",", ":")).encode()
+    if len(body) + 32 > MAX_MANIFEST_BYTES:
+        raise TooLargeError(f"the snapshot of version {state.version} would be {len(body):,} "
+                            f"bytes, over the {MAX_MANIFEST_BYTES:,} readers read: not written "
+                            "(readers replay a longer tail)")
     return body + _CRC_LINE + str(zlib_ng.crc32(body)).encode() + b"\n"
 
 
@@ -149,21 +166,37 @@ def _parse_manifest(version: int, manifest: bytes) -> tuple[ReplayState, list[li
     state.meta = StreamMeta.from_json(info["meta"])
     state.next_offset = count(info["next_offset"], "next_offset")
     state.reclaimed_below = count(info["reclaimed_below"], "reclaimed_below")
-    state.reclaim_versions = [count(v, "reclaim version") for v in info["reclaim_versions"]]
-    state.producers = {check_producer_id(k): ProducerState(count(e, "epoch", low=-MAX_INT),
-                                                           count(s, "seq", low=-MAX_INT), st)
-                       for k, (e, s, st) in info["producers"].items()}
-    state.markers = {check_group(g): [Marker(g, count(s, "step"), c, count(v, "version"))
-                                      for s, c, v in ms]
-                     for g, ms in info["markers"].items()}
+    state.reclaim_versions = tuple(count(v, "reclaim version")
+                                   for v in info["reclaim_versions"])
+    state.producers = OverlayDict({check_producer_id(k): ProducerState(
+        count(e, "epoch", low=-MAX_INT), count(s, "seq", low=-MAX_INT), st)
+        for k, (e, s, st) in info["producers"].items()})
+    state.markers = OverlayDict({check_group(g): tuple(
+        Marker(g, count(s, "step"), _checkpoint_id(c), count(v, "version")) for s, c, v in ms)
+        for g, ms in info["markers"].items()})
     # Manifests written before registration existed have none: no log held a Register.
-    state.registered = {check_group(g): count(s, "step")
-                        for g, s in info.get("registered", {}).items()}
+    state.registered = OverlayDict({check_group(g): count(s, "step")
+                                    for g, s in info.get("registered", {}).items()})
     sealed = info.get("sealed_at")  # absent before sealing existed: not sealed
     state.sealed_at = None if sealed is None else count(sealed, "sealed_at")
-    state.voided = [(count(v, "version"), tuple(_void_file(f) for f in fs))
-                    for v, fs in info["voided"]]
+    state.voided = tuple((count(v, "version"), tuple(_void_file(f) for f in fs))
+                         for v, fs in info["voided"])
+    if info["format"] >= 5:
+        digest, chained = info["digest"], info["chained"]
+        if not (digest is None or isinstance(digest, str) and _DIGEST.fullmatch(digest)) \
+                or not isinstance(chained, bool) or chained and digest is None:
+            raise ValueError(f"digest {str(digest)[:80]!r}, chained {str(chained)[:8]!r}")
+        state.digest, state.chained = digest, chained
     return state, list(info["segments"]), int(info["format"])
+
+
+_DIGEST = re.compile(rf"[0-9a-f]{{{DIGEST_CHARS}}}")
+
+
+def _checkpoint_id(value: Any) -> str | None:
+    if value is None or isinstance(value, str) and len(value) <= MAX_CHECKPOINT_ID:
+        return value
+    raise ValueError(f"checkpoint id {str(value)[:80]!r}")
 
 
 def _void_file(row: list[Any]) -> FragmentRef:
@@ -193,9 +226,10 @@ def _stored_parts(rows: list[list[Any]]) -> list[Part]:
     for name, lo, hi, n, c, start, end in rows:
         if not type(lo) is type(hi) is type(n) is type(c) is type(start) is type(end) is int \
                 or not 0 <= min(lo, hi, n, c, start, end) <= max(lo, hi, c, start, end) \
-                <= MAX_INT or n > SEGMENT_FRAGMENTS or not isinstance(name, str):
-            raise ValueError(f"segment row {[name, lo, hi, n, c, start, end]} is not numbers "
-                             "in range")
+                <= MAX_INT or n > SEGMENT_FRAGMENTS or not isinstance(name, str) \
+                or not _SEGMENT_NAME.fullmatch(name):
+            raise ValueError(f"segment row {ascii([name, lo, hi, n, c, start, end])[:200]} is "
+                             "not a name and numbers in range")
         if _overlaps(prev_lo, prev_hi, prev_end, lo, hi, start):
             raise ValueError(f"segment {name} overlaps the one before it")
         parts.append(make(Part, (lo, hi, start, end, n, INDEX_DIR + name, c, None, ())))
@@ -242,6 +276,10 @@ def _fetch_format2(key: str, rows: list[list[Any]], fetch: Callable[[str], bytes
     def load(row: list[Any]) -> Part:
         seg_key, lo, hi, count, crc = str(row[0]), int(row[1]), int(row[2]), int(row[3]), \
             int(row[4])
+        if not (seg_key.startswith(INDEX_DIR)
+                and _SEGMENT_NAME.fullmatch(seg_key[len(INDEX_DIR):])):
+            raise CorruptLogError(f"snapshot {key} names segment {ascii(seg_key)[:200]}, "
+                                  "which is not a segment's name")
         cols = fetch_segment(fetch, seg_key, crc)
         check_part(Part(lo, hi, cols.start, cols.end, count, seg_key, crc), cols)
         # Held in memory, unnamed: the next snapshot cuts it into format 3 segments (a

@@ -15,7 +15,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lakestream.errors import (
     AlreadyExistsError,
@@ -28,8 +28,8 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.failpoints import failpoint
-from lakestream.log.codec import encode_entry
-from lakestream.log.entries import Compacted, Entry, log_key, new_commit_id
+from lakestream.log.codec import encode_entry, entry_digest
+from lakestream.log.entries import Compacted, Entry, Link, log_key, new_commit_id
 from lakestream.log.opening import load_state
 from lakestream.log.replay import ReplayState
 from lakestream.log.snapshot import write_snapshot
@@ -223,7 +223,7 @@ class Transaction:
                 return Nothing(state)
             version = state.version + 1
             failpoint("before_commit")
-            data = encode_entry(entry)
+            data = encode_entry(entry, state.digest)
             self._build_s = time.monotonic() - t_build
             try:
                 store.put(log_key(version), data, mode="create")
@@ -233,6 +233,7 @@ class Transaction:
                 unknown = True
             else:
                 failpoint("after_put")
+                entry = replace(entry, link=Link(entry_digest(data), state.digest, True))
                 return self._landed(version, entry, attempt, conflicts, t0, t_attempt)
             try:
                 winner = read_entry(store, version)

@@ -62,7 +62,7 @@ def groups(stream: Stream, keep_last: int = 2) -> dict[str, dict[str, Any]]:
     holds = {g: max(h, reclaimed) for g, h in group_holds(s, keep_last).items()}
     out = {}
     for g in sorted(set(s.groups) | set(progress)):
-        markers = s.markers.get(g, [])
+        markers = s.markers.get(g, ())
         p = progress.get(g)
         position = p.step if p is not None else (markers[-1].step if markers else None)
         out[g] = {

@@ -8,7 +8,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -21,7 +21,8 @@ from lakestream.log.fragments import read_whole
 from lakestream.log.segments import Fragment
 from lakestream.plan.rows import plan_rows
 from lakestream.read.cache import FragmentCache
-from lakestream.store.base import ObjectStore
+from lakestream.read.pages import chunk_pages
+from lakestream.store.base import ObjectStore, SeekableReader
 
 MAX_DECODED_BYTES_PER_ROW = 256 << 20
 """What a fragment may decode to, per row it holds, by the bound its footer gives: four times
@@ -33,33 +34,83 @@ LastStep = Callable[[int, int], int]
 _WIDTHS = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
 
 
-def decoded_bound(md: pq.FileMetaData) -> int:
-    """An upper bound of the bytes reading the whole file decodes to, from its footer alone:
-    each column chunk's values times their width (and a word each of offsets and validity);
-    a byte-array chunk's bytes once uncompressed, and, dictionary-encoded, as many copies of
-    its dictionary as it has values beyond one per row (each row's one value is at most the
-    dictionary)."""
-    total = 0
+def _leaf_count(t: pa.DataType) -> int:
+    """The Parquet columns an Arrow type is stored in."""
+    if isinstance(t, pa.ListType | pa.LargeListType | pa.FixedSizeListType):
+        return _leaf_count(t.value_type)
+    if isinstance(t, pa.MapType):
+        return _leaf_count(t.key_type) + _leaf_count(t.item_type)
+    if isinstance(t, pa.StructType):
+        return sum(_leaf_count(t.field(i).type) for i in range(t.num_fields))
+    return 1
+
+
+def chunk_range(md: pq.FileMetaData, group: int, column: int) -> tuple[int, int]:
+    """``(start, end)`` of a column chunk in the file, as Parquet readers compute it: from its
+    dictionary page if that comes first, over ``total_compressed_size`` bytes."""
+    chunk = md.row_group(group).column(column)
+    start = chunk.data_page_offset
+    if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
+        start = chunk.dictionary_page_offset
+    return start, start + chunk.total_compressed_size
+
+
+def check_footer(md: pq.FileMetaData) -> None:
+    """Raises ValueError if a row group holds another number of column chunks than the
+    schema has columns: pyarrow aborts the process on reading a chunk past them, so no
+    chunk is looked at before this holds."""
     columns = md.num_columns
     for i in range(md.num_row_groups):
         group = md.row_group(i)
-        if group.num_columns != columns:  # pyarrow aborts the process on reading past them
+        if group.num_columns != columns:
             raise ValueError(f"row group {i} holds {group.num_columns} columns, the schema "
                              f"{columns}")
-        for j in range(group.num_columns):
-            chunk = group.column(j)
-            n = chunk.num_values
-            kind = chunk.physical_type
-            if kind in _WIDTHS:
-                total += n * (_WIDTHS[kind] + 8)
-            elif kind == "FIXED_LEN_BYTE_ARRAY":
-                total += n * (md.schema.column(j).length + 8)
-            elif chunk.has_dictionary_page:
-                total += max(1, n // max(1, group.num_rows)) * chunk.total_uncompressed_size \
-                    + n * 8
-            else:
-                total += chunk.total_uncompressed_size + n * 8
+
+
+def decoded_bound(md: pq.FileMetaData, group: int, buf: Any, base: int = 0,
+                  leaves: Sequence[int] | None = None) -> int:
+    """An upper bound of the bytes row group ``group`` decodes to, from what its pages hold:
+    each page's header (``lakestream.read.pages``) is parsed from ``buf`` (the file's bytes
+    from offset ``base``), since a footer's sizes may lie (a 36 KB file whose footer said so
+    decompressed to 1.2 GB). Each page decompresses to its header's size; a column chunk's
+    values are its values times their width (and a word each of offsets and validity), or,
+    for byte arrays, the pages' bytes, and, where a value may repeat another's bytes (a
+    dictionary, prefix sharing), as many copies of the largest page as there are values.
+
+    Raises:
+        ValueError: a page header is damaged, or the pages do not tile their chunk or hold
+            another number of values than the footer says.
+    """
+    row_group = md.row_group(group)
+    total = 0
+    for j in range(md.num_columns) if leaves is None else leaves:
+        chunk = row_group.column(j)
+        start, end = chunk_range(md, group, j)
+        n = chunk.num_values
+        pages = chunk_pages(buf, start - base, end - start, n)
+        kind = chunk.physical_type
+        if kind in _WIDTHS:
+            values = n * _WIDTHS[kind]
+        elif kind == "FIXED_LEN_BYTE_ARRAY":
+            values = n * md.schema.column(j).length
+        elif pages.repeats:
+            values = n * pages.largest
+        else:
+            values = pages.inflated
+        total += pages.inflated + values + n * 8
     return total
+
+
+def check_decoded(md: pq.FileMetaData, groups: Sequence[int], buf: Any, base: int = 0,
+                  leaves: Sequence[int] | None = None) -> None:
+    """Raises ValueError if row groups ``groups`` (their columns ``leaves``; None: all) would
+    decode to more than ``MAX_DECODED_BYTES_PER_ROW`` a row (``decoded_bound``)."""
+    for g in groups:
+        rows = md.row_group(g).num_rows
+        bound = decoded_bound(md, g, buf, base, leaves)
+        if bound > max(1, rows) * MAX_DECODED_BYTES_PER_ROW:
+            raise ValueError(f"its row group {g} of {rows} rows would decode to up to "
+                             f"{bound:,} bytes, over {MAX_DECODED_BYTES_PER_ROW:,} a row")
 
 
 @dataclass(frozen=True)
@@ -69,6 +120,9 @@ class Footer:
 
     metadata: pq.FileMetaData
     starts: list[int]
+    pages_checked: list[bool] = field(default_factory=lambda: [False])
+    """Whether every page of the file has been checked (``check_decoded``), once it was
+    fetched whole: then a decode from its bytes need not check them again."""
 
     @classmethod
     def of(cls, md: pq.FileMetaData) -> Footer:
@@ -76,6 +130,18 @@ class Footer:
         for i in range(md.num_row_groups):
             starts.append(starts[-1] + md.row_group(i).num_rows)
         return cls(md, starts)
+
+    def leaves(self, columns: list[str] | None) -> list[int] | None:
+        """The Parquet columns (leaves) holding the Arrow ``columns`` (None: all)."""
+        if columns is None:
+            return None
+        schema = self.metadata.schema.to_arrow_schema()
+        at, spans = 0, {}
+        for f in schema:
+            n = _leaf_count(f.type)
+            spans[f.name] = range(at, at + n)
+            at += n
+        return sorted(j for c in columns for j in spans.get(c, ()))
 
     def groups(self, start: int, stop: int) -> range:
         """The row groups that hold rows of ``[start, stop)``."""
@@ -98,8 +164,9 @@ class FragmentReader:
                  schema: pa.Schema | None = None) -> None:
         self.store = store
         self.schema = schema
-        self._expected: dict[tuple[str, ...] | None, tuple[list[str], list[pa.DataType]]] = {}
-        self._footers: OrderedDict[str, Footer] = OrderedDict()
+        self._expected: dict[tuple[str, ...] | None,
+                             tuple[list[str], list[pa.DataType], pa.Schema]] = {}
+        self._footers: OrderedDict[tuple[str, int, int], Footer] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
 
@@ -117,12 +184,12 @@ class FragmentReader:
         """
         data = self.fetch(path, size, crc32) \
             if fetched_whole(size, crc32, stop - start, rows) else None
-        with _corrupt(path), self._source(path, size, data) as f:
-            pf, footer = self._open(f, path, rows, checked=data is not None)
-            if footer.starts[-1] < stop:
-                raise ValueError(f"holds {footer.starts[-1]} rows, the log says at least {stop}")
-            groups = footer.groups(start, stop)
-            table = self._decode(pf, groups, columns)
+        footer = self.footer(path, size, data, rows, crc32)
+        if footer.starts[-1] < stop:
+            raise CorruptLogError(f"fragment {path} cannot be read: it holds "
+                                  f"{footer.starts[-1]} rows, the log says at least {stop}")
+        groups = footer.groups(start, stop)
+        table = self.decode(path, size, data, footer, groups, columns)
         return table.slice(start - footer.starts[groups[0]], stop - start)
 
     def fetch(self, path: str, size: int, crc32: int) -> pa.Buffer:
@@ -141,95 +208,133 @@ class FragmentReader:
                                  f"{size} bytes with {crc32}: the file is damaged")
         return pa.py_buffer(data)
 
-    def cached_footer(self, path: str) -> Footer | None:
-        """The footer of ``path`` if this reader holds it (checked when it was read)."""
+    def cached_footer(self, path: str, size: int, crc32: int) -> Footer | None:
+        """The footer of the file the log names ``path`` of ``size`` bytes and CRC-32
+        ``crc32``, if this reader holds it (checked when it was read). Keyed by all three:
+        two entries that name one path with other sizes are two files to a reader."""
         with self._lock:
-            return self._footers.get(path)
+            return self._footers.get((path, size, crc32))
 
-    def footer(self, path: str, size: int, data: pa.Buffer | None,
-               rows: int | None) -> Footer:
+    def footer(self, path: str, size: int, data: pa.Buffer | None, rows: int | None,
+               crc32: int = -1) -> Footer:
         """The footer of the fragment at ``path`` (of ``data`` if fetched whole, else read by
-        range), checked against the ``rows`` the log says it holds on first reading.
+        range), checked against the ``rows`` the log says it holds.
 
         Raises:
             NotFoundError: the file is gone.
-            CorruptLogError: it is not readable Parquet, or its footer breaks what the log
-                says of it (rows, the bound of what it decodes to).
+            CorruptLogError: it is not readable Parquet, or holds other rows than the log
+                says.
         """
-        footer = self.cached_footer(path)
-        if footer is None:
-            with _corrupt(path), self._source(path, size, data) as f:
-                _, footer = self._open(f, path, rows, checked=data is not None)
+        footer = self.cached_footer(path, size, crc32)
+        with _corrupt(path):
+            if footer is None:
+                with self._source(path, size, data) as f:
+                    md = pq.ParquetFile(f).metadata
+                check_footer(md)
+                footer = Footer.of(md)
+                with self._lock:
+                    self._footers[(path, size, crc32)] = footer
+                    while len(self._footers) > self._cache_size:
+                        self._footers.popitem(last=False)
+            if rows is not None and footer.starts[-1] != rows:
+                raise ValueError(f"holds {footer.starts[-1]} rows, the log says {rows}")
         return footer
 
     def decode(self, path: str, size: int, data: pa.Buffer | None, footer: Footer,
                groups: Sequence[int], columns: list[str] | None) -> pa.Table:
-        """Row groups ``groups`` of the fragment at ``path`` (of ``data`` if fetched whole,
-        else read by range), checked against the stream's schema.
+        """Row groups ``groups`` of the fragment at ``path`` (of ``data`` if fetched whole and
+        checked by ``footer``; else their column chunks are fetched by range, one GET a row
+        group, and their pages checked first), checked against the stream's schema.
 
         Raises:
             NotFoundError: the file is gone.
-            CorruptLogError: a page fails its checksum or cannot be decoded, or the schema is
-                not the stream's.
+            CorruptLogError: a page fails its checksum or cannot be decoded, the chunks would
+                decode to more than their rows may, or the schema is not the stream's.
         """
-        with _corrupt(path), self._source(path, size, data) as f:
-            pf = pq.ParquetFile(f, metadata=footer.metadata,
+        with _corrupt(path):
+            if data is not None:
+                if not footer.pages_checked[0]:
+                    md = footer.metadata
+                    check_decoded(md, range(md.num_row_groups), memoryview(data).cast("B"))
+                    footer.pages_checked[0] = True
+                source: Any = pa.BufferReader(data)
+            else:
+                source = self._fetch_groups(path, size, footer, groups, columns)
+            # Parquet's page checksums (slow) are checked only where the CRC-32 was not.
+            pf = pq.ParquetFile(source, metadata=footer.metadata,
                                 page_checksum_verification=data is None)
-            return self._decode(pf, groups, columns)
+            table = pf.read_row_groups(list(groups), columns=columns, use_threads=False)
+            return self._check_schema(table, columns)
 
-    def _open(self, f: Any, path: str, rows: int | None, *, checked: bool
-              ) -> tuple[pq.ParquetFile, Footer]:
-        """The Parquet file ``f`` of ``path`` and its footer: cached, or read and checked
-        against the ``rows`` the log says it holds, then cached. ``checked``: ``f`` holds
-        bytes checked against the CRC-32 the log records."""
-        footer = self.cached_footer(path)
-        # Parquet's page checksums (slow) are checked only where the CRC-32 was not.
-        pf = pq.ParquetFile(f, metadata=None if footer is None else footer.metadata,
-                            page_checksum_verification=not checked)
-        if footer is None:
-            self._check(pf, rows)
-            footer = Footer.of(pf.metadata)
-            with self._lock:
-                self._footers[path] = footer
-                while len(self._footers) > self._cache_size:
-                    self._footers.popitem(last=False)
-        return pf, footer
-
-    def _decode(self, pf: pq.ParquetFile, groups: Sequence[int],
-                columns: list[str] | None) -> pa.Table:
-        table = pf.read_row_groups(list(groups), columns=columns, use_threads=False)
-        self._check_schema(table, columns)
-        return table
+    def _fetch_groups(self, path: str, size: int, footer: Footer, groups: Sequence[int],
+                      columns: list[str] | None) -> Spans:
+        """The column chunks of ``columns`` in row groups ``groups``, one ranged GET a row
+        group, their pages checked (``check_decoded``), as a file Parquet can read them
+        from."""
+        md, leaves = footer.metadata, footer.leaves(columns)
+        spans = Spans(size)
+        for g in groups:
+            ranges = [chunk_range(md, g, j) for j in
+                      (range(md.num_columns) if leaves is None else leaves)]
+            lo, hi = min(a for a, _ in ranges), max(b for _, b in ranges)
+            if not 0 <= lo <= hi <= size:
+                raise ValueError(f"row group {g} lies at bytes [{lo}, {hi}), past the file")
+            data = self.store.get_range(path, lo, hi)
+            check_decoded(md, [g], memoryview(data), lo, leaves)
+            spans.add(lo, data)
+        return spans
 
     def _source(self, path: str, size: int, data: pa.Buffer | None) -> Any:
         return pa.BufferReader(data) if data is not None else self.store.open_input(path, size)
 
-    def _check(self, pf: pq.ParquetFile, rows: int | None) -> None:
-        """The footer's promises against the log's (once per footer read)."""
-        md = pf.metadata
-        if rows is not None and md.num_rows != rows:
-            raise ValueError(f"holds {md.num_rows} rows, the log says {rows}")
-        bound = decoded_bound(md)
-        if bound > max(1, md.num_rows) * MAX_DECODED_BYTES_PER_ROW:
-            raise ValueError(f"its {md.num_rows} rows would decode to up to {bound:,} bytes, "
-                             f"over {MAX_DECODED_BYTES_PER_ROW:,} a row")
-
-    def _check_schema(self, table: pa.Table, columns: list[str] | None) -> None:
+    def _check_schema(self, table: pa.Table, columns: list[str] | None) -> pa.Table:
         """What was decoded has the stream's columns and types (compared after decoding,
         which the footer's bound has kept small: building the file's Arrow schema from its
         footer to compare first cost a sixth of a small fragment's read)."""
         if self.schema is None:
-            return
+            return table
         key = None if columns is None else tuple(columns)
         want = self._expected.get(key)
         if want is None:
             fields = self.schema if columns is None else [self.schema.field(c)
                                                           for c in columns]
-            want = self._expected[key] = ([f.name for f in fields], [f.type for f in fields])
+            want = self._expected[key] = ([f.name for f in fields], [f.type for f in fields],
+                                          pa.schema(fields))
         got = table.schema
         if got.names != want[0] or got.types != want[1]:
             raise ValueError(f"its schema is {_brief(got)}, the stream's is "
                              f"{_brief(self.schema)}")
+        # The stream's fields, metadata included: a tensor column's shape and dtype are the
+        # stream's, never what a fragment's footer says.
+        return pa.Table.from_arrays(table.columns, schema=want[2])
+
+
+class Spans(SeekableReader):
+    """A file of which only some byte ranges were fetched, as Parquet reads it: a read
+    outside them is an error, never a request."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self._starts: list[int] = []
+        self._parts: list[bytes] = []
+
+    def add(self, start: int, data: bytes) -> None:
+        i = bisect.bisect_left(self._starts, start)
+        self._starts.insert(i, start)
+        self._parts.insert(i, data)
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self._size - self._pos)
+        if n <= 0:
+            return 0
+        i = bisect.bisect_right(self._starts, self._pos) - 1
+        if i < 0 or self._pos + n > self._starts[i] + len(self._parts[i]):
+            raise OSError(f"a read of bytes [{self._pos}, {self._pos + n}) outside the row "
+                          "groups fetched: the footer and the pages disagree")
+        at = self._pos - self._starts[i]
+        buffer[:n] = self._parts[i][at:at + n]
+        self._pos += n
+        return n
 
 
 def _brief(schema: pa.Schema) -> str:
@@ -290,6 +395,7 @@ def _cached_rows(reader: FragmentReader, cache: FragmentCache, f: Fragment, star
     of it are still to be decoded."""
     kind = ",".join(columns) if columns is not None else "*"
     whole = fetched_whole(f.size, f.crc32, stop - start, f.rows)
+    file = (f.path, f.size, f.crc32)  # two entries naming one path are two files here
 
     def until(lo: int, hi: int) -> int | None:
         return None if last_step is None else last_step(f.offset + lo, f.offset + hi)
@@ -297,21 +403,23 @@ def _cached_rows(reader: FragmentReader, cache: FragmentCache, f: Fragment, star
     def data() -> pa.Buffer | None:
         if not whole:
             return None
-        return cache.fetch((f.path,), lambda: reader.fetch(f.path, f.size, f.crc32),
+        return cache.fetch(file, lambda: reader.fetch(f.path, f.size, f.crc32),
                            until=until(0, f.rows))
 
-    footer = reader.cached_footer(f.path) or reader.footer(f.path, f.size, data(), f.rows)
+    footer = reader.cached_footer(*file)
+    if footer is None or footer.starts[-1] != f.rows:
+        footer = reader.footer(f.path, f.size, data(), f.rows, f.crc32)
     starts = footer.starts
 
     def decode(g: int) -> pa.Table:
         return reader.decode(f.path, f.size, data(), footer, [g], columns)
 
     groups = footer.groups(start, stop)
-    parts = [cache.fetch((f.path, kind, g), partial(decode, g),
+    parts = [cache.fetch((*file, kind, g), partial(decode, g),
                          until=until(starts[g], starts[g + 1])) for g in groups]
-    if whole and cache.holds((f.path,)) \
-            and cache.holds(*[(f.path, kind, g) for g in range(len(starts) - 1)]):
-        cache.discard((f.path,))  # every row group decoded: the bytes are done with
+    if whole and cache.holds(file) \
+            and cache.holds(*[(*file, kind, g) for g in range(len(starts) - 1)]):
+        cache.discard(file)  # every row group decoded: the bytes are done with
     return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), starts[groups[0]]
 
 

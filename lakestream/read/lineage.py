@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
-from lakestream.log.fragments import key_writer
+from lakestream.log.entries import key_writer
 from lakestream.log.replay import Marker, ReplayState
 from lakestream.log.segments import Fragment
 

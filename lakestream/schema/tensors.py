@@ -10,6 +10,7 @@ turns a step's rows into one ``[n, *shape]`` tensor with one copy (``loaders/col
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakestream.errors import SchemaMismatchError
+from lakestream.store.parse import loads
 
 TENSOR_KEY = b"lakestream.tensor"
 """Field metadata: ``{"shape": [224, 224, 3], "dtype": "uint8"}`` (JSON) on a ``binary``
@@ -27,20 +29,29 @@ DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "bflo
 """Element types a tensor column may hold (``bfloat16`` as its 2 raw bytes)."""
 
 
+MAX_TENSOR_DIMS = 32
+MAX_TENSOR_BYTES = (1 << 31) - 1
+"""The largest value of a tensor column: a ``binary`` column's offsets are 32-bit."""
+
+
 class TensorSpec:
     """A tensor column's shape and element type."""
 
     def __init__(self, shape: Sequence[int], dtype: str) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"tensor dtype {dtype!r} is not one of {list(DTYPES)}")
-        if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
-                                for d in shape):
-            raise ValueError(f"tensor shape must be a non-empty tuple of positive ints, "
-                             f"got {tuple(shape)!r}")
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise ValueError(f"tensor dtype {str(dtype)[:40]!r} is not one of {list(DTYPES)}")
+        if not shape or len(shape) > MAX_TENSOR_DIMS \
+                or not all(isinstance(d, int) and not isinstance(d, bool)
+                           and 0 < d <= MAX_TENSOR_BYTES for d in shape):
+            raise ValueError(f"tensor shape must be a tuple of 1 to {MAX_TENSOR_DIMS} positive "
+                             f"ints, got {str(tuple(shape))[:80]}")
         self.shape, self.dtype = tuple(shape), dtype
         self.itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-        self.nbytes = int(np.prod(self.shape)) * self.itemsize
+        self.nbytes = math.prod(self.shape) * self.itemsize
         """Bytes of one value."""
+        if self.nbytes > MAX_TENSOR_BYTES:
+            raise ValueError(f"a {self.shape} {dtype} tensor is {self.nbytes:,} bytes, over "
+                             f"the {MAX_TENSOR_BYTES:,} a binary column's value may hold")
 
     @property
     def numpy_dtype(self) -> np.dtype[Any]:
@@ -80,7 +91,7 @@ def tensor_spec(field: pa.Field) -> TensorSpec | None:
         raise ValueError(f"column {field.name}: tensor metadata needs a binary column, "
                          f"got {field.type}; use tensor_field({field.name!r}, shape, dtype)")
     try:
-        meta = json.loads(raw)
+        meta = loads(raw)
         return TensorSpec(tuple(meta["shape"]), meta["dtype"])
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"column {field.name}: malformed {TENSOR_KEY.decode()} metadata "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,6 +66,28 @@ class ObjectStore(Protocol):
     def open_input(self, key: str, size: int | None = None) -> BinaryIO:
         """A seekable binary reader for Parquet; S3 reads only the ranges asked for."""
         ...
+
+
+class SeekableReader(io.RawIOBase):
+    """A seekable raw reader of an object of ``size`` bytes, as Parquet reads one: a
+    subclass says where the bytes come from in ``readinto``."""
+
+    def __init__(self, size: int) -> None:
+        self._size, self._pos = size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
 
 
 def too_large(key: str, data: bytes, max_bytes: int | None) -> bytes:

@@ -25,12 +25,18 @@ TMP_PREFIX = ".tmp-"
 _UNNAMED = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
 """Linux: a create writes an unnamed file (``O_TMPFILE``) and links it into place."""
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
 
 
 class LinkError(OSError):
     """A path inside the stream's folder is a symbolic link (or not a folder where one is
     needed): the store does not follow it."""
+
+
+class NotAFileError(OSError):
+    """A path where an object is read is not a regular file (a folder, a FIFO, a device):
+    the store reads no such thing, and never waits on one."""
 
 
 class LocalStore:
@@ -123,6 +129,9 @@ class LocalStore:
         except LinkError as e:
             raise StoreError(f"{doing} {where} refused: {e.strerror}; the local store follows "
                              "no links inside the stream's folder") from None
+        except NotAFileError as e:
+            raise StoreError(f"{doing} {where} refused: {e.strerror}; an object is a regular "
+                             "file (remove what is there)") from None
         except PermissionError as e:
             raise PermissionDeniedError(f"{doing} {where}: {e}") from e
         except OSError as e:
@@ -188,12 +197,20 @@ class LocalStore:
     # -- reading -----------------------------------------------------------------------
 
     def _open(self, dfd: int, name: str) -> tuple[int, int]:
-        """A descriptor of the regular file ``name`` in folder ``dfd``, and its size."""
-        fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=dfd)
+        """A descriptor of the regular file ``name`` in folder ``dfd``, and its size. Opened
+        without blocking: a FIFO (or a device) put where an object goes would otherwise
+        block the reader until something writes to it.
+
+        Raises:
+            NotAFileError: ``name`` is a folder, a FIFO, a socket or a device.
+        """
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _NONBLOCK, dir_fd=dfd)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise LinkError(errno.EISDIR, f"{name} is not a file")
+            raise NotAFileError(errno.EINVAL, f"{name} is not a regular file")
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
         return fd, st.st_size
 
     @staticmethod
@@ -233,6 +250,8 @@ class LocalStore:
     def head(self, key: str) -> ObjectMeta:
         with self._errors("reading", key), self._at(key) as (dfd, name):
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                raise NotAFileError(errno.EINVAL, f"{name} is not a regular file")
         return ObjectMeta(key, st.st_size, st.st_mtime)
 
     def open_input(self, key: str, size: int | None = None) -> BinaryIO:

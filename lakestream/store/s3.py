@@ -57,7 +57,7 @@ from lakestream.errors import (
     PermissionDeniedError,
     StoreError,
 )
-from lakestream.store.base import ObjectMeta, PutMode, check_key, too_large
+from lakestream.store.base import ObjectMeta, PutMode, SeekableReader, check_key, too_large
 from lakestream.store.s3_options import S3Options, check_config, lookup, with_client_environment
 
 __all__ = ["S3Options", "S3Store", "s3_filesystem"]
@@ -155,6 +155,11 @@ def s3_filesystem(uri: str, options: S3Options | None = None) -> Any:
     and credentials as ``S3Store``: for libraries that write through fsspec, such as
     ``torch.distributed.checkpoint``.
 
+    The settings (secrets among them) are held by the filesystem's own class, never in its
+    ``storage_options``, which fsspec keeps in a process-wide cache of instances, shows in
+    reprs and pickles with the filesystem: the filesystem is made outside that cache and
+    goes, secrets and all, when its user drops it.
+
     Raises:
         ValueError: a storage option or ``AWS_*`` variable is unknown or unusable (named).
     """
@@ -172,7 +177,7 @@ def s3_filesystem(uri: str, options: S3Options | None = None) -> Any:
         _ObS3Store(uri[len("s3://"):].partition("/")[0], **settings)
     except (_ObUnknownKey, _ObError) as e:
         raise _bad_options(uri, settings["config"], e) from None
-    return _Filesystem("s3", **settings)
+    return _Filesystem("s3", skip_instance_cache=True)  # type: ignore[call-overload]
 
 
 class S3Store:
@@ -277,26 +282,13 @@ class S3Store:
                                  buffer_size=self.options.read_buffer_bytes)
 
 
-class _RangeReader(io.RawIOBase):
+class _RangeReader(SeekableReader):
     """A seekable raw reader whose reads are ranged GETs, so Parquet reads only the footer and
     the row groups it needs, and store failures keep their types."""
 
     def __init__(self, store: S3Store, key: str, size: int) -> None:
-        self._store, self._key, self._size, self._pos = store, key, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+        super().__init__(size)
+        self._store, self._key = store, key
 
     def readinto(self, buffer: Any) -> int:
         end = min(self._size, self._pos + len(buffer))

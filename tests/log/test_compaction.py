@@ -9,18 +9,18 @@ import pytest
 
 import lakestream
 import lakestream.log.codec
+import lakestream.log.compaction
 import lakestream.log.entries
-import lakestream.log.gc
 import lakestream.log.view
 import lakestream.stream
 from lakestream.errors import LogCompactedError
+from lakestream.log.compaction import COMPACTED_KEY
 from lakestream.log.entries import Compacted, log_key
-from lakestream.log.gc import COMPACTED_KEY
 from lakestream.log.opening import read_version_pointer
 from lakestream.log.tail import read_entry
 from lakestream.ops.verify import verify
 from lakestream.producers import Producer
-from tests.helpers import SCHEMA, ids, rows
+from tests.helpers import SCHEMA, ids, put_entry, rows
 
 B, K = 4, 5
 GRACE = 1.0
@@ -130,7 +130,7 @@ def test_a_handle_idle_past_the_reopen_time_reopens_before_it_reads(tmp_path,
     _others_commit(s, 0, 12)
     time.sleep(GRACE + 0.1)
     s.gc(grace_seconds=GRACE)
-    monkeypatch.setattr(lakestream.log.gc, "TOMBSTONE_TTL_S", 0.0)
+    monkeypatch.setattr(lakestream.log.compaction, "TOMBSTONE_TTL_S", 0.0)
     s.gc(grace_seconds=GRACE)  # the tombstones are gone: versions 1..4 are free again
     assert not any(True for _ in s.store.list("_delta_log/") if _.key == log_key(1))
     monkeypatch.setattr(lakestream.log.view, "REOPEN_IDLE_S", 0.05)
@@ -147,8 +147,7 @@ def test_a_tombstone_of_our_own_unknown_commit_means_it_landed(tmp_path) -> None
     txn = Transaction(s.store, stale, lambda st, cid: None)
     # As if an earlier attempt of this transaction had landed at version 1, and gc had
     # compacted it since: its tombstone names the commit id it replaced.
-    s.store.put(log_key(1), lakestream.log.codec.encode_entry(
-        lakestream.log.entries.Fence("p", 1, txn.commit_id)), mode="create")
+    put_entry(s.store, 1, lakestream.log.entries.Fence("p", 1, txn.commit_id))
     _others_commit(s, 0, 11)
     time.sleep(GRACE + 0.1)
     s.gc(grace_seconds=GRACE)
@@ -202,7 +201,7 @@ def test_poll_catches_up_as_fast_as_refresh(tmp_path) -> None:
 
 
 def test_gc_with_a_short_grace_keeps_what_a_live_producer_has_yet_to_commit(tmp_path) -> None:
-    from lakestream.log.fragments import fragment_key
+    from lakestream.log.entries import fragment_key
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
     p = Producer(s.uri, "slow")

@@ -314,7 +314,7 @@ def test_types_delta_cannot_hold_are_refused(tmp_path: Path, t: pa.DataType, mat
 
 
 def _append(state: Any) -> Append:
-    return Append("p0", 1, (FragmentRef("data/p0/0.parquet", 4, 100, 0, 0),), state)
+    return Append("p0", 1, (FragmentRef("data/p0/1-0-x.parquet", 4, 100, 0, 0),), state)
 
 
 @pytest.mark.parametrize("state", [
@@ -339,9 +339,9 @@ def test_a_finite_state_round_trips_as_strict_json() -> None:
 def test_every_line_of_an_append_is_the_compact_json_of_what_it_parses_to() -> None:
     """The checksum covers each line as compact JSON, and the add lines are formatted
     directly: they must be exactly what serialising their parsed values gives."""
-    refs = tuple(FragmentRef(f"data/p-{k}.x_Y/{k:06d}-{k}b.parquet", k + 1, 10 * k + 7,
+    refs = tuple(FragmentRef(f"data/p-0.x_Y/2-{k}-{k:06d}b.parquet", k + 1, 10 * k + 7,
                              100 * k, k, -1 if k == 0 else 2**32 - k) for k in range(3))
-    data = encode_entry(Append("p-0", 2, refs, {"k": [1, "é", 0.5]}))
+    data = encode_entry(Append("p-0.x_Y", 2, refs, {"k": [1, "é", 0.5]}))
     lines = data.decode().split("\n")
     assert lines[-1] == "" and len(lines) == 1 + 3 + 1 + 1  # commitInfo, adds, txn
     for line in lines[:-1]:
@@ -359,7 +359,7 @@ def test_an_append_is_serialised_once_and_checked_without_serialising_it_again(
     twice and again to check it made a 680-fragment commit's window several times wider."""
     import lakestream.log.codec as log
 
-    refs = tuple(FragmentRef(f"data/p0/{k}.parquet", 4, 100, 4 * k, k) for k in range(500))
+    refs = tuple(FragmentRef(f"data/p0/1-{k}-x.parquet", 4, 100, 4 * k, k) for k in range(500))
     dumps, calls = json.dumps, [0]
 
     def counting(*args: Any, **kwargs: Any) -> str:
@@ -410,7 +410,7 @@ def test_every_path_checksums_the_same_bytes_with_one_function(
         return real(first, rest)
 
     monkeypatch.setattr(codec, "entry_checksum", recorded)
-    refs = tuple(FragmentRef(f"data/p0/{k}.parquet", 4, 100, 4 * k, k, 7 * k) for k in range(3))
+    refs = tuple(FragmentRef(f"data/p0/1-{k}-x.parquet", 4, 100, 4 * k, k, 7 * k) for k in range(3))
     data = encode_entry(Append("p0", 1, refs, {"cursor": [1, "é", 0.25]}))
     spaced = ("\n".join(json.dumps(a) for a in _actions(data)) + "\n").encode()
     assert decode_entry(1, data) == decode_entry(1, spaced)

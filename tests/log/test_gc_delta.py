@@ -42,8 +42,9 @@ def test_gc_keeps_the_checkpoint_delta_readers_are_pointed_at(tmp_path, monkeypa
         s.append(rows(4 * i, 4))
     write = lakestream.log.gc._write_delta_checkpoint
 
-    def then_a_rival_points_back(uri_: str, options: dict[str, str] | None) -> int | None:
-        version = write(uri_, options)
+    def then_a_rival_points_back(uri_: str, options: dict[str, str] | None,
+                                 report: object) -> int | None:
+        version = write(uri_, options, report)
         LocalStore(uri).put("_delta_log/_last_checkpoint", older)
         return version
 

@@ -14,7 +14,7 @@ import pytest
 import lakestream
 import lakestream.read.fragments
 from lakestream.errors import CorruptLogError, StoreError
-from tests.helpers import SCHEMA, ids, rows
+from tests.helpers import SCHEMA, ids, put_entry, rows
 
 B = 4
 
@@ -49,7 +49,9 @@ def test_gc_never_deletes_through_a_link_out_of_the_stream(tmp_path, linked) -> 
     report = s.gc(grace_seconds=1)
     assert all(f.exists() for f in precious)
     assert report.skipped and "link" in report.skipped[0]
-    assert report.log_entries > 0  # the log is compacted all the same
+    # With data/ a link the log is compacted all the same; with the index one, no snapshot
+    # can be read whole, and a reader would need the log from its start.
+    assert (report.log_entries > 0) == (linked == "data")
     if linked == "data":  # and nothing is written through it either
         with pytest.raises(StoreError, match="link"):
             s.append(rows(100, 4))
@@ -92,11 +94,13 @@ def test_gc_skips_a_file_it_cannot_name_and_compacts(tmp_path) -> None:
 
 
 def _commit_file(s: lakestream.Stream, key: str, body: bytes, rows: int) -> None:
-    """Commits ``key`` (already in the store) as a hostile writer would: any file, any rows."""
+    """Commits a file named after ``key`` as a hostile writer would: any bytes, any rows (in
+    the folder of ``Stream.append``, the only one a writer may name without a producer)."""
     import zlib
 
     from lakestream.log.entries import Append, FragmentRef
 
+    key = "data/_append/0-0-" + key.rsplit("/", 1)[-1]
     s.store.put(key, body, mode="create")
     ref = FragmentRef(key, rows, len(body), s.state.next_offset, 0, zlib.crc32(body))
     s.commit(lambda state, cid: Append(None, 0, (ref,), None, cid))
@@ -168,13 +172,11 @@ def test_deeply_nested_json_is_a_typed_error_or_ignored_where_advisory(tmp_path)
 
 
 def test_counts_past_int64_are_damage_not_data(tmp_path) -> None:
-    from lakestream.log.codec import encode_entry
-    from lakestream.log.entries import Append, FragmentRef, log_key
+    from lakestream.log.entries import Append, FragmentRef
 
     s = _stream(tmp_path)
-    ref = FragmentRef("data/evil/x.parquet", 2**63, 10, s.state.next_offset, 0, 1)
-    s.store.put(log_key(s.version + 1),
-                encode_entry(Append(None, 0, (ref,), None, "evil")), mode="create")
+    ref = FragmentRef("data/_append/0-0-x.parquet", 2**63, 10, s.state.next_offset, 0, 1)
+    put_entry(s.store, s.version + 1, Append(None, 0, (ref,), None, "evil"))
     with pytest.raises(CorruptLogError, match="rows '9223372036854775808' is not an integer"):
         lakestream.open(s.uri)
 
@@ -234,3 +236,191 @@ def test_an_entry_with_a_value_of_another_type_is_damage(field: str, value: obje
     data = "".join(json.dumps(a) + "\n" for a in lines).encode()
     with pytest.raises(CorruptLogError, match="log version 1"):
         decode_entry(1, data)
+
+
+# -- special files: an error, never a wait ----------------------------------------------
+
+
+def _fifo(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("where", ["hint", "next", "fragment", "hint-folder"])
+def test_a_fifo_or_folder_where_an_object_goes_never_blocks_a_reader(tmp_path, where) -> None:
+    """Row 8: a FIFO at the hint, at the next log version or at a fragment made open,
+    ``status``, ``read_step`` and ``verify`` block for ever."""
+    import multiprocessing
+
+    s = _stream(tmp_path)
+    root = Path(s.uri)
+    if where == "hint":
+        _fifo(root / "_lakestream" / "_last_snapshot")
+    elif where == "hint-folder":
+        (root / "_lakestream" / "_last_snapshot").unlink()
+        (root / "_lakestream" / "_last_snapshot").mkdir()
+    elif where == "next":
+        from lakestream.log.entries import log_key
+
+        _fifo(root / log_key(s.version + 1))
+    else:
+        _fifo(root / s.state.fragments_between(0, 4)[0].path)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:  # a blocked read must not take the test run with it
+        outcome = pool.apply_async(_open_and_read, (s.uri,))
+        result = outcome.get(timeout=60)
+    if where in ("hint", "hint-folder"):
+        assert result == "read [4, 5, 6, 7]"  # the hint is only a hint
+    else:
+        assert result.startswith("StoreError") and "not a regular file" in result, result
+
+
+def _open_and_read(uri: str) -> str:
+    from lakestream.ops.verify import verify
+
+    try:
+        s = lakestream.open(uri)
+        verify(s.store)
+        return f"read {ids(s.read_step(1))}"
+    except lakestream.LakestreamError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def test_gc_names_a_folder_where_its_clock_goes(tmp_path) -> None:
+    s = _stream(tmp_path)
+    (Path(s.uri) / "_lakestream" / "_clock").mkdir(parents=True)
+    with pytest.raises(StoreError, match="_clock"):
+        s.gc(grace_seconds=0)
+    (Path(s.uri) / "_lakestream" / "_clock").rmdir()
+    (Path(s.uri) / "_lakestream" / "_compacted").mkdir()
+    assert s.gc(grace_seconds=0).log_entries >= 0  # a pointer gc cannot read is no pointer
+
+
+# -- tensor metadata, advisory numbers, names from the store ------------------------------
+
+
+def test_a_fragment_cannot_change_a_tensor_columns_shape_or_dtype(tmp_path) -> None:
+    """Row 9: the batch took the shape and dtype a fragment's field metadata said."""
+    import numpy as np
+
+    from lakestream.loaders.collate import collate_table
+    from lakestream.schema.tensors import TENSOR_KEY, tensor_field
+
+    schema = pa.schema([pa.field("id", pa.int64()), tensor_field("x", (2, 2), "uint8")])
+    s = lakestream.create(str(tmp_path / "s"), schema, global_batch_size=2)
+    other = pa.schema([pa.field("id", pa.int64()),
+                       pa.field("x", pa.binary(), metadata={
+                           TENSOR_KEY: b'{"shape": [1], "dtype": "int32"}'})])
+    table = pa.table({"id": [0, 1], "x": [bytes(range(4)), bytes(range(4, 8))]}, schema=other)
+    _commit_file(s, "data/evil/x.parquet", _parquet(table), 2)
+    batch = collate_table(lakestream.open(s.uri).read_step(0))
+    assert tuple(batch["x"].shape) == (2, 2, 2) and batch["x"].numpy().dtype == np.uint8
+
+
+@pytest.mark.parametrize("meta", [
+    b'{"shape": [4294967296, 4294967296], "dtype": "uint8"}',
+    b'{"shape": [' + b"1," * 40 + b'1], "dtype": "uint8"}',
+    b'{"shape": ' + b"[" * 100_000 + b"]" * 100_000 + b', "dtype": "uint8"}',
+    b'{"shape": [2], "dtype": ["uint8"]}',
+])
+def test_tensor_metadata_that_overflows_or_nests_is_refused(meta: bytes) -> None:
+    """Row 9: overflowing shapes and deep metadata gave RuntimeError and RecursionError."""
+    from lakestream.schema.tensors import TENSOR_KEY, tensor_spec
+
+    with pytest.raises(ValueError, match="tensor|metadata"):
+        tensor_spec(pa.field("x", pa.binary(), metadata={TENSOR_KEY: meta}))
+
+
+def test_two_entries_naming_one_file_are_read_as_two_files(tmp_path) -> None:
+    """Row 11: on the cached read path a footer cached for one entry's claim of a path was
+    used for another's, and the read failed with an IndexError."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
+    body = _parquet(rows(0, 8))
+    _commit_file(s, "data/x/shared.parquet", body, 8)
+    import zlib
+
+    from lakestream.log.entries import Append, FragmentRef
+
+    key = "data/_append/0-0-shared.parquet"
+    s.refresh()
+    ref = FragmentRef(key, 4, len(body), s.state.next_offset, 0, zlib.crc32(body))
+    s.commit(lambda state, cid: Append(None, 0, (ref,), None, cid))  # the same file, 4 rows
+    from lakestream.loaders import StreamDataset
+
+    ds = StreamDataset(s.uri, group=None, timeout=1, max_steps=3)
+    with pytest.raises(CorruptLogError, match="holds 8 rows, the log says 4"):
+        list(ds)
+
+
+def test_a_progress_object_with_numbers_out_of_range_is_no_progress(tmp_path) -> None:
+    """Row 12: ``"updated": 10**400`` raised OverflowError in ``status``, producers and the
+    trainer's progress thread."""
+    from lakestream.log.progress import progress_key, read_progress
+
+    s = _stream(tmp_path)
+    for body in ('{"step": 1, "updated": 1' + "0" * 400 + "}",
+                 '{"step": 1, "updated": NaN}', '{"step": 1, "job": ' + '"x' * 1000 + '"}'):
+        s.store.put(progress_key("train"), body.encode())
+        assert read_progress(s.store, "train") is None
+
+
+def test_a_segment_name_with_controls_is_damage_and_reaches_no_terminal(tmp_path) -> None:
+    """Row 14: C1 and RLO characters in a manifest's segment name reached stderr raw."""
+    import json
+
+    from zlib_ng import zlib_ng
+
+    from lakestream.log.snapshot import snapshot_key
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B,
+                          snapshot_interval=2)
+    s.append(rows(0, 4))
+    s.append(rows(4, 4))
+    data = s.store.get(snapshot_key(2))
+    info = json.loads(data.split(b"\ncrc32:")[0])
+    info["segments"][0][0] = "\u202e\x9b31mevil.parquet"
+    body = json.dumps(info, sort_keys=True, separators=(",", ":")).encode()
+    s.store.put(snapshot_key(2), body + b"\ncrc32:" + str(zlib_ng.crc32(body)).encode() + b"\n")
+    from lakestream.log.snapshot import decode_snapshot
+
+    with pytest.raises(CorruptLogError) as caught:
+        decode_snapshot(2, s.store.get(snapshot_key(2)), s.store.get)
+    assert "\u202e" not in str(caught.value) and "\x9b" not in str(caught.value)
+    assert ids(lakestream.open(s.uri).read_step(1)) == [4, 5, 6, 7]  # from the log
+
+
+def test_the_demo_never_imports_a_lakestream_folder_from_where_it_runs(tmp_path) -> None:
+    """Row 16: ``lakestream demo`` started its children with ``python -m``, which imports
+    from the working directory first: a planted ``lakestream/`` ran."""
+    import subprocess
+
+    from lakestream.demo import job
+
+    planted = tmp_path / "lakestream"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (tmp_path / "fresh").mkdir()
+    children: list[subprocess.Popen[bytes]] = []
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # where the user ran the demo from
+    try:
+        child = job._spawn(children, tmp_path / "fresh", "lakestream.errors")
+    finally:
+        os.chdir(cwd)
+    assert child.wait(timeout=60) == 0, child.stderr.read() if child.stderr else ""
+    assert not marker.exists()
+
+
+def test_the_checkpoint_filesystem_keeps_no_secret_where_others_look() -> None:
+    """Row 17: the fsspec filesystem for S3 checkpoints kept the secret in its
+    ``storage_options`` (shown in reprs, pickled, and in fsspec's process-wide cache)."""
+    from lakestream.store import open_filesystem
+
+    fs = open_filesystem("s3://bucket/ckpt", {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "AKEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t-VALUE", "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true"})
+    assert "s3cr3t" not in repr(fs.storage_options) + repr(vars(fs))
+    assert all("s3cr3t" not in repr(vars(other)) for other in type(fs)._cache.values())

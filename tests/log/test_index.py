@@ -11,15 +11,14 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log.codec import encode_entry
-from lakestream.log.entries import Append, FragmentRef, Reclaim, log_key
+from lakestream.log.entries import Append, FragmentRef, Reclaim
 from lakestream.log.index import CACHED_SEGMENTS, FragmentIndex
 from lakestream.log.opening import load_state
 from lakestream.log.segments import INDEX_DIR, SEGMENT_FRAGMENTS
 from lakestream.log.snapshot import snapshot_key
 from lakestream.producers import Producer
 from lakestream.store import open_store
-from tests.helpers import SCHEMA, ids, rows
+from tests.helpers import SCHEMA, ids, put_entry, rows
 
 
 class MeteredStore:
@@ -54,8 +53,8 @@ def _wide(uri: str, fragments: int, per_entry: int = 1000, interval: int = 10) -
         n = min(per_entry, fragments - done)
 
         def build(state: Any, cid: str, first: int = done, n: int = n) -> Append:
-            refs = tuple(FragmentRef(f"data/x/{first + k:09d}.parquet", 1, 100,
-                                     state.next_offset + k, -1, 7) for k in range(n))
+            refs = tuple(FragmentRef(f"data/_append/0-0-{first + k:09d}.parquet", 1, 100,
+                                     state.next_offset + k, 0, 7) for k in range(n))
             return Append(None, 0, refs, None, cid)
 
         s.commit(build)
@@ -97,7 +96,7 @@ def test_a_lookup_fetches_only_the_segments_it_touches(small_and_large) -> None:
     assert [f.offset for f in last] == [39_996, 39_997, 39_998, 39_999]
     assert store.requests["index"] == 1
     first = state.fragments_between(0, 4)
-    assert [f.path for f in first] == [f"data/x/{k:09d}.parquet" for k in range(4)]
+    assert [f.path for f in first] == [f"data/_append/0-0-{k:09d}.parquet" for k in range(4)]
     assert store.requests["index"] == 2
     state.fragments_between(1, 3)  # cached
     assert store.requests["index"] == 2
@@ -142,7 +141,8 @@ def test_a_reclaim_shrinks_stored_segments_when_they_are_read(tmp_path) -> None:
     _wide(uri, 100, per_entry=10)
     s = lakestream.open(uri)  # every fragment in stored segments
     s.register_group("train", 2)  # a group that holds from offset 8: what may go
-    gone = tuple(FragmentRef(f"data/x/{k:09d}.parquet", 1, 100, k, -1, 7) for k in range(8))
+    gone = tuple(FragmentRef(f"data/_append/0-0-{k:09d}.parquet", 1, 100, k, -1, 7)
+                 for k in range(8))
     s.commit(lambda _state, cid: Reclaim(8, gone, cid))
     assert [f.offset for f in s.state.all_fragments()] == list(range(8, 100))
     assert s.state.index.count() == 92
@@ -162,9 +162,9 @@ def test_a_reclaim_of_a_fragment_past_its_point_is_corrupt_for_every_handle(tmp_
     stored = lakestream.open(uri)  # from the snapshot at version 10: segments
     store = open_store(uri)
     replayed = lakestream.Stream(uri, store, load_state(NoSnapshots(store), uri))  # in memory
-    bad = (FragmentRef("data/x/000000050.parquet", 1, 100, 50, -1, 7),)
+    bad = (FragmentRef("data/_append/0-0-000000050.parquet", 1, 100, 50, -1, 7),)
     v = stored.version + 1
-    stored.store.put(log_key(v), encode_entry(Reclaim(2, bad, "bad")), mode="create")
+    put_entry(stored.store, v, Reclaim(2, bad, "bad"))
     for handle in (stored, replayed):
         with pytest.raises(CorruptLogError, match="000000050"):
             handle.refresh()
@@ -229,7 +229,8 @@ def test_a_format_2_snapshot_still_opens(tmp_path) -> None:
 
 @pytest.mark.parametrize("damage, named", [
     (lambda rows: [rows[0], rows[0], *rows[1:]], "overlaps"),  # a row twice
-    (lambda rows: [[*rows[0][:5], str(rows[0][5]), rows[0][6]], *rows[1:]], "not numbers"),
+    (lambda rows: [[*rows[0][:5], str(rows[0][5]), rows[0][6]], *rows[1:]],
+     "not a name and numbers"),
 ])
 def test_a_manifest_with_its_checksum_but_wrong_segment_rows_is_corrupt(
         tmp_path, damage: Any, named: str) -> None:

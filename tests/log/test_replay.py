@@ -40,13 +40,15 @@ def _model_and_log(ops: list[tuple[Any, ...]]) -> tuple[list[tuple[int, Entry]],
         v = len(log)
         if o[0] == "append":
             _, p, de, ds, sizes = o
-            epoch = epochs.get(p, 0) + de
-            first = seqs.get(p, -1) + ds
+            epoch = max(0, epochs.get(p, 0) + de)  # a key holds no negative epoch
+            first = max(0, seqs.get(p, -1) + ds)
             known = p in epochs or p in seqs
-            void = known and (epoch < epochs.get(p, 0) or first <= seqs.get(p, -1))
+            void = known and (epoch < epochs.get(p, 0) or first <= seqs.get(p, -1)) \
+                or 0 in sizes  # no writer writes an empty fragment
             at, frags = offset, []
             for i, n in enumerate(sizes):
-                frags.append(FragmentRef(f"data/{p}/{v}-{i}.parquet", n, 10, at, first + i))
+                frags.append(FragmentRef(f"data/{p}/{epoch}-{first + i}-{v}.parquet", n, 10, at,
+                                         first + i))
                 at += n
             entry: Entry = Append(p, epoch, tuple(frags), {"cursor": v}, f"c{v}")
             if not void:
@@ -60,13 +62,12 @@ def _model_and_log(ops: list[tuple[Any, ...]]) -> tuple[list[tuple[int, Entry]],
             entry = Fence(p, epoch, f"c{v}")
             if epoch > epochs.get(p, 0):
                 epochs[p] = epoch
-            else:
-                epochs.setdefault(p, 0)
         elif o[0] == "checkpoint":
             entry = Checkpoint(o[1], o[2], None, f"c{v}")
-            markers.append((o[1], o[2], v))
+            if o[2] <= offset // META.global_batch_size:  # a step past the end is void
+                markers.append((o[1], o[2], v))
         else:
-            ref = FragmentRef(f"data/_append/{v}.parquet", o[1], 10, offset, 0)
+            ref = FragmentRef(f"data/_append/0-0-{v}.parquet", o[1], 10, offset, 0)
             entry = Append(None, 0, (ref,), None, f"c{v}")
             live.append((ref.path, offset, o[1]))
             offset += o[1]

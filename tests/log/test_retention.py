@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import lakestream
-import lakestream.log.gc
+import lakestream.log.compaction
 from lakestream.errors import StepNotAvailableError
 from lakestream.log.entries import Fence
 from lakestream.log.inventory import unreferenced
@@ -68,8 +68,12 @@ def test_progress_holds_nothing_a_registration_holds_until_removed(tmp_path) -> 
     s.mark_checkpoint("train", 3)
     publish_progress(s.store, "stray", step=0)  # an object, not a commitment
     assert s.retention_point(keep_last=1).step == 3
-    v = s.register_group("eval", 1)
-    assert v is not None and s.register_group("eval", 0) is None  # idempotent
+    v = s.register_group("eval", 2)
+    assert v is not None and s.register_group("eval", 3) is None  # idempotent at or above
+    assert s.group_holds(keep_last=1) == {"train": 3, "eval": 2}
+    # A group holds from its earliest registration: another (a restart from scratch, or a
+    # writer's registration first) cannot raise its hold, only lower it.
+    assert s.register_group("eval", 1) is not None
     assert s.group_holds(keep_last=1) == {"train": 3, "eval": 1}
     assert s.retention_point(keep_last=1).step == 1
     other = lakestream.open(s.uri)
@@ -104,16 +108,16 @@ def test_registrations_and_removals_survive_snapshots(tmp_path) -> None:
 def test_group_entries_carry_a_format_older_readers_refuse_by_name() -> None:
     """A lakestream from before ``register``/``remove_group`` reads format 1 only: it stops
     at such an entry with "upgrade lakestream", where an unknown operation would read as
-    corruption."""
+    corruption. (Every entry is chained now, a format no older lakestream reads.)"""
     import json
 
     from lakestream.log.codec import decode_entry, encode_entry
-    from lakestream.log.entries import GROUP_ENTRY_FORMAT, Register, RemoveGroup
+    from lakestream.log.entries import CHAINED_ENTRY_FORMAT, Register, RemoveGroup
 
     for entry in (Register("eval", 3), RemoveGroup("eval")):
         data = encode_entry(entry)
         assert json.loads(data.split(b"\n")[0])["commitInfo"]["lakestream"]["format"] == \
-            GROUP_ENTRY_FORMAT == 2
+            CHAINED_ENTRY_FORMAT == 5
         assert decode_entry(7, data) == entry
 
 
@@ -216,7 +220,7 @@ def test_a_long_log_compacts_to_what_is_retained(tmp_path, monkeypatch) -> None:
     assert abs(after["get"] - before["get"]) < TAIL_WIDTH, (before, after)
     # Compacted entries are tombstones until their TTL: then the next gc deletes them.
     assert sum(1 for _ in s.store.list("_delta_log/")) > 5_000
-    monkeypatch.setattr(lakestream.log.gc, "TOMBSTONE_TTL_S", 0.0)
+    monkeypatch.setattr(lakestream.log.compaction, "TOMBSTONE_TTL_S", 0.0)
     assert s.gc(grace_seconds=0).tombstones == report.log_entries
     objects = sum(1 for _ in s.store.list(""))
     assert objects < 400, objects  # O(retained): the tail of the log, 2 snapshots, 2 files

@@ -10,7 +10,7 @@ import pytest
 import lakestream
 from lakestream.errors import StreamSealedError
 from lakestream.log.codec import decode_entry, encode_entry
-from lakestream.log.entries import SEAL_ENTRY_FORMAT, Append, FragmentRef, Seal
+from lakestream.log.entries import CHAINED_ENTRY_FORMAT, Append, FragmentRef, Seal
 from lakestream.log.opening import load_state
 from lakestream.ops.status import status
 from lakestream.ops.verify import verify
@@ -93,7 +93,7 @@ def test_snapshots_status_and_verify_know_the_seal(tmp_path) -> None:
     assert load_state(s.store, s.uri).sealed_at == 4
     # A format a lakestream from before sealing cannot read as an open stream.
     manifest = s.store.get("_lakestream/snapshots/" + f"{2:020d}.json")
-    assert json.loads(manifest.split(b"\ncrc32:")[0])["format"] == 4
+    assert json.loads(manifest.split(b"\ncrc32:")[0])["format"] == 5
     info = status(s)
     assert info["sealed_at"] == 4
     assert verify(s.store).problems == []
@@ -102,6 +102,6 @@ def test_snapshots_status_and_verify_know_the_seal(tmp_path) -> None:
 def test_the_seal_entry_has_a_format_older_readers_refuse_by_name() -> None:
     data = encode_entry(Seal())
     assert json.loads(data.split(b"\n")[0])["commitInfo"]["lakestream"]["format"] == \
-        SEAL_ENTRY_FORMAT == 3
+        CHAINED_ENTRY_FORMAT == 5
     entry = decode_entry(5, data)
     assert isinstance(entry, Seal)

@@ -18,7 +18,7 @@ from lakestream.errors import (
     StepNotAvailableError,
     StoreError,
 )
-from lakestream.log.entries import DATA_DIR, LOG_DIR, Checkpoint, Fence, log_key
+from lakestream.log.entries import DATA_DIR, LOG_DIR, Checkpoint, Fence
 from lakestream.log.opening import load_state
 from lakestream.log.segments import INDEX_DIR
 from lakestream.log.snapshot import decode_snapshot, snapshot_key, snapshot_segments
@@ -26,7 +26,7 @@ from lakestream.log.transaction import CommitOptions, Exhausted, Landed, Rejecte
 from lakestream.ops.verify import verify
 from lakestream.store import LocalStore
 from lakestream.stream import Stream
-from tests.helpers import SCHEMA, HookedStore, ids, rows
+from tests.helpers import SCHEMA, HookedStore, ids, put_entry, rows
 
 
 def _hooked(s: Stream, hook: Any) -> Stream:
@@ -277,15 +277,15 @@ def test_a_corrupt_entry_behind_the_head_leaves_the_handle_as_it_was(tmp_path) -
     # Regression: replay added an entry's first fragments before checking the later ones'
     # offsets, so a commit that caught up into a corrupt entry published a half-applied
     # state naming a fragment that was never committed.
-    from lakestream.log.codec import encode_entry
     from lakestream.log.entries import Append, FragmentRef
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
     stale = lakestream.open(s.uri)
     s.commit(lambda _s, cid: Fence("other", 1, cid))
-    bad = Append(None, 0, (FragmentRef("data/x/a.parquet", 4, 10, 0, 0),
-                           FragmentRef("data/x/b.parquet", 4, 10, 99, 0)), None, "bad")
-    s.store.put(log_key(2), encode_entry(bad), mode="create")
+    bad = Append(None, 0, (FragmentRef("data/_append/0-0-a.parquet", 4, 10, 0, 0),
+                           FragmentRef("data/_append/0-0-b.parquet", 4, 10, 99, 0)), None,
+                 "bad")
+    put_entry(s.store, 2, bad)
     with pytest.raises(CorruptLogError, match="log version 2"):
         stale.commit(lambda _s, cid: Checkpoint("train", 0, None, cid))
     assert stale.state.all_fragments() == [] and stale.num_samples == 0

@@ -223,7 +223,7 @@ def test_a_footer_whose_row_group_has_other_columns_than_the_schema_is_refused()
     footer before touching a column."""
     from types import SimpleNamespace
 
-    from lakestream.read.fragments import decoded_bound
+    from lakestream.read.fragments import check_footer
 
     def column(j: int) -> object:
         raise AssertionError("a column chunk was read")
@@ -231,4 +231,4 @@ def test_a_footer_whose_row_group_has_other_columns_than_the_schema_is_refused()
     group = SimpleNamespace(num_columns=3, num_rows=1, column=column)
     md = SimpleNamespace(num_columns=2, num_row_groups=1, row_group=lambda i: group)
     with pytest.raises(ValueError, match="row group 0 holds 3 columns, the schema 2"):
-        decoded_bound(md)  # type: ignore[arg-type]
+        check_footer(md)  # type: ignore[arg-type]

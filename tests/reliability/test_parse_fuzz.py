@@ -1,6 +1,7 @@
 """Every stored object a writer of the stream may forge parses, or raises a LakestreamError,
-in bounded time and memory: log entries, snapshot manifests, the hint, progress objects and
-fragment bytes (docs/deployment.md, "Threat model")."""
+in bounded time and memory: log entries, snapshot manifests, the hint, progress objects,
+fragment bytes (their page headers and dictionary pages too) and tensor metadata
+(docs/deployment.md, "Threat model")."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ _ops = st.sampled_from(["create", "append", "fence", "checkpoint", "register",
                         "remove_group", "seal", "reclaim", "compacted", "other"])
 _field = st.sampled_from(["producer", "epoch", "seq", "state", "group", "step",
                           "checkpoint_id", "below_offset", "snapshot", "replaced",
-                          "format", "commit_id"])
+                          "format", "commit_id", "prev"])
 
 
 def _bounded(parse: Any) -> None:
@@ -101,9 +102,9 @@ def test_any_entry_decodes_and_replays_or_is_a_typed_error(data: bytes, version:
 def _manifests(draw: st.DrawFn) -> bytes:
     keys = st.sampled_from(["format", "version", "next_offset", "reclaimed_below",
                             "reclaim_versions", "meta", "producers", "markers", "registered",
-                            "sealed_at", "voided", "segments"])
-    info = draw(st.dictionaries(keys, _json, max_size=12))
-    info.setdefault("format", draw(st.sampled_from([2, 3, 4])))
+                            "sealed_at", "voided", "segments", "digest", "chained"])
+    info = draw(st.dictionaries(keys, _json, max_size=14))
+    info.setdefault("format", draw(st.sampled_from([2, 3, 4, 5])))
     info.setdefault("version", 0)
     body = json.dumps(info).encode()
     return body + b"\ncrc32:" + str(zlib.crc32(body)).encode() + b"\n"
@@ -137,31 +138,92 @@ def test_any_hint_or_progress_reads_as_a_value_or_as_none(tmp_path, text: str) -
     assert progress is None or 0 <= progress.step < 2**63
 
 
-def _valid_fragment() -> bytes:
+def _valid_fragment(**options: Any) -> bytes:
     sink = pa.BufferOutputStream()
-    pq.write_table(rows(0, 4), sink)
+    pq.write_table(rows(0, 4), sink, **options)
     return sink.getvalue().to_pybytes()
 
 
 VALID = _valid_fragment()
+VARIANTS = [VALID, _valid_fragment(compression="zstd", use_dictionary=True),
+            _valid_fragment(data_page_version="2.0", compression="none"),
+            _valid_fragment(write_page_checksum=True, data_page_size=64)]
+"""Fragments whose page headers and dictionary pages the mutations below land in."""
+
+
+def _page_headers(body: bytes) -> list[int]:
+    """Where the page headers of ``body`` start (the bytes worth mutating most)."""
+    from lakestream.read.fragments import chunk_range
+    from lakestream.read.pages import column_chunk_pages
+
+    md = pq.ParquetFile(pa.BufferReader(body)).metadata
+    starts = []
+    for g in range(md.num_row_groups):
+        for j in range(md.num_columns):
+            lo, hi = chunk_range(md, g, j)
+            starts += [p.offset for p in column_chunk_pages(body, lo, hi - lo,
+                                                            md.row_group(g).column(j).num_values)]
+    return starts
+
+
+HEADERS = [_page_headers(v) for v in VARIANTS]
+
+
+@st.composite
+def _mutated(draw: st.DrawFn) -> bytes:
+    """A valid fragment with a few bytes changed: anywhere, or in its page headers."""
+    which = draw(st.integers(0, len(VARIANTS) - 1))
+    body = bytearray(VARIANTS[which])
+    for _ in range(draw(st.integers(1, 8))):
+        if draw(st.booleans()):
+            at = draw(st.sampled_from(HEADERS[which])) + draw(st.integers(0, 40))
+        else:
+            at = draw(st.integers(0, len(body) - 1))
+        body[min(at, len(body) - 1)] = draw(st.integers(0, 255))
+    return bytes(body)
 
 
 @settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(st.one_of(st.binary(max_size=2_000),
-                 st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)),
-                          min_size=1, max_size=8).map(
-                     lambda flips: bytes(b if i not in dict(flips) else dict(flips)[i]
-                                         for i, b in enumerate(VALID)))))
-def test_any_fragment_bytes_read_as_the_log_says_or_are_a_typed_error(tmp_path,
-                                                                      body: bytes) -> None:
+@given(st.one_of(st.binary(max_size=2_000), _mutated()), st.booleans())
+def test_any_fragment_bytes_read_as_the_log_says_or_are_a_typed_error(
+        tmp_path, body: bytes, whole: bool) -> None:
+    """Read by range (no checksum: the reader's own checks, not the CRC-32, are under
+    test), or whole with a CRC-32 that matches (a writer of the log records what it likes)."""
     store = LocalStore(str(tmp_path))
     store.put("data/p/f.parquet", body, mode="overwrite")
     reader = FragmentReader(store, cache_size=0, schema=SCHEMA)
+    crc = zlib.crc32(body) if whole else -1
 
     def parse() -> None:
-        # No checksum: the reader's own checks, not the CRC-32, are under test.
-        table = reader.read("data/p/f.parquet", len(body), 0, 4, rows=4)
+        table = reader.read("data/p/f.parquet", len(body), 0, 4, crc32=crc, rows=4)
         assert table.num_rows == 4 and table.schema.types == SCHEMA.types
 
     _bounded(parse)
+
+
+_dims = st.one_of(st.integers(-3, 2**70), st.text(max_size=3), st.none(), st.booleans())
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(
+    st.fixed_dictionaries({"shape": st.lists(_dims, max_size=40),
+                           "dtype": st.sampled_from(["uint8", "bfloat16", "x", 7, None])})
+    .map(json.dumps),
+    _json.map(json.dumps),
+    st.integers(1, 50_000).map(lambda d: '{"shape": ' + "[" * d + "]" * d + "}"),
+    st.binary(max_size=100).map(lambda b: b.decode("latin-1"))))
+def test_any_tensor_metadata_is_a_spec_or_a_value_error(text: str) -> None:
+    """A stream's schema comes from its log: its tensor metadata gives a spec whose values
+    fit a binary column, or a ValueError (collation turns it into CorruptLogError)."""
+    from lakestream.schema.tensors import MAX_TENSOR_BYTES, TENSOR_KEY, tensor_spec
+
+    field = pa.field("x", pa.binary(), metadata={TENSOR_KEY: text.encode("utf-8",
+                                                                          "surrogatepass")})
+    t0 = time.monotonic()
+    try:
+        spec = tensor_spec(field)
+    except ValueError:
+        spec = None
+    assert time.monotonic() - t0 < BOUND_S
+    assert spec is None or 0 < spec.nbytes <= MAX_TENSOR_BYTES

@@ -45,7 +45,7 @@ def test_a_tensor_field_is_binary_with_its_shape_and_dtype() -> None:
 
 
 @pytest.mark.parametrize("shape, dtype, match", [
-    ((), "uint8", "non-empty tuple of positive ints"),
+    ((), "uint8", "tuple of 1 to 32 positive ints"),
     ((0, 3), "uint8", "positive ints"),
     ((2, True), "uint8", "positive ints"),
     ((2,), "complex64", "not one of"),

@@ -13,7 +13,7 @@ from lakestream.ops.verify import verify
 from lakestream.producers import Producer
 from lakestream.store import open_store
 from tests.conftest import BUCKET
-from tests.helpers import SCHEMA, ids, rows
+from tests.helpers import SCHEMA, edit_entry, ids, rows
 from tests.s3server import PRODUCER, READER, RETENTION, ROLES_PREFIX, TRAINER, SeaweedS3
 
 URI = f"s3://{BUCKET}/{ROLES_PREFIX}"
@@ -72,3 +72,40 @@ def test_each_role_does_its_work_and_no_more(roles: SeaweedS3) -> None:
     assert ids(after.read_step(5)) == [20, 21, 22, 23]
     assert after.checkpoints("train")[-1].step == 4
     assert verify(open_store(URI, reader)).problems == []
+
+
+def test_a_producers_grants_cannot_brick_gc_nor_rewrite_unseen(roles: SeaweedS3) -> None:
+    """The producer role of the table: garbage where the next two snapshots go made gc (the
+    retention role, no grace) delete the last readable snapshot; a plain PUT over a
+    committed entry gave readers that opened before and after two histories."""
+    from lakestream.errors import CorruptLogError
+    from lakestream.log.entries import log_key
+    from lakestream.log.snapshot import snapshot_key
+
+    producer, retention = roles.options(PRODUCER), roles.options(RETENTION)
+    reader = roles.options(READER)
+    store = open_store(URI, producer)
+    s = lakestream.open(URI, storage_options=producer)
+    first = s.version // 3 * 3 + 3
+    for v in (first, first + 3):
+        store.put(snapshot_key(v), b"{garbage", mode="create")
+    with Producer(URI, "rollout-0", storage_options=producer) as p:
+        for i in range(8):
+            p.write(rows(200 + 4 * i, 4))
+    job = lakestream.open(URI, storage_options=retention)
+    report = job.gc(grace_seconds=0)
+    assert any(snapshot_key(first) in line for line in report.forged), report
+    fresh = lakestream.open(URI, storage_options=reader)
+    steps = fresh.num_steps
+    assert ids(fresh.read_step(steps - 1)) == [228, 229, 230, 231]
+
+    before = lakestream.open(URI, storage_options=reader)
+    target = before.version - 2
+    original = store.get(log_key(target))
+    # The producer grant allows a plain PUT; the checksum is made to match.
+    store.put(log_key(target), edit_entry(original, commit_id="forged"), mode="overwrite")
+    with pytest.raises(CorruptLogError, match=f"log version {target + 1} does not follow"):
+        lakestream.open(URI, storage_options=reader)
+    assert ids(before.read_step(steps - 1)) == [228, 229, 230, 231]
+    open_store(URI, retention).put(log_key(target), original)  # for the tests after this
+    assert lakestream.open(URI, storage_options=reader).num_steps == steps

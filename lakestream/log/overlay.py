@@ -1,0 +1,79 @@
+"""A mapping that a replay state copies in time that does not grow with its size: a shared,
+never-modified base and a small private overlay of changes, folded into a new base now and
+then (a state forks on every commit and every refresh; a stream may know 100k producers)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+_GONE: object = object()
+
+
+class OverlayDict(Mapping[K, V], Generic[K, V]):
+    """A dict whose ``copy`` costs the changes since the last fold, at most about the square
+    root of its size: folding costs the size and happens every that many changes. Values
+    must not be modified in place (replace them), since copies share them."""
+
+    __slots__ = ("_base", "_top")
+
+    def __init__(self, items: Mapping[K, V] | None = None) -> None:
+        self._base: dict[K, V] = dict(items or {})
+        self._top: dict[K, object] = {}
+
+    def copy(self) -> OverlayDict[K, V]:
+        other: OverlayDict[K, V] = OverlayDict.__new__(OverlayDict)
+        other._base, other._top = self._base, dict(self._top)
+        return other
+
+    def __getitem__(self, key: K) -> V:
+        value = self._top.get(key, _GONE) if self._top else _GONE
+        if value is _GONE:
+            if key in self._top:
+                raise KeyError(key)
+            return self._base[key]
+        return value  # type: ignore[return-value]
+
+    def __contains__(self, key: object) -> bool:
+        if key in self._top:
+            return self._top[key] is not _GONE
+        return key in self._base
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self._top[key] = value
+        self._fold_if_due()
+
+    def pop(self, key: K, default: V | None = None) -> V | None:
+        if key not in self:
+            return default
+        value = self[key]
+        self._top[key] = _GONE
+        self._fold_if_due()
+        return value
+
+    def _fold_if_due(self) -> None:
+        if len(self._top) > max(32, math.isqrt(len(self._base))):
+            base = dict(self._base)  # a new one: copies share the old
+            for key, value in self._top.items():
+                if value is _GONE:
+                    base.pop(key, None)
+                else:
+                    base[key] = value  # type: ignore[assignment]
+            self._base, self._top = base, {}
+
+    def __iter__(self) -> Iterator[K]:
+        if not self._top:
+            return iter(self._base)
+        return iter([k for k in self._base if k not in self._top]
+                    + [k for k, v in self._top.items() if v is not _GONE])
+
+    def __len__(self) -> int:
+        if not self._top:
+            return len(self._base)
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"OverlayDict({dict(self.items())!r})"
