@@ -74,15 +74,14 @@ def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
     """Meanwhile, the GETs of each fragment of local stores (whole, or opened to read by
     range; not the log's index segments, Parquet too), and in ``[0]`` the Parquet row groups
     decoded."""
-    import pyarrow.parquet as pq
-
+    import lakestream.read.fragments as fragments
     from lakestream.log.entries import DATA_DIR
     from lakestream.store.local import LocalStore
 
     gets: Counter[str] = Counter()
     decoded = [0]
     get, open_input = LocalStore.get, LocalStore.open_input
-    read_row_groups = pq.ParquetFile.read_row_groups
+    reader = fragments._reader
 
     def counted_get(self: LocalStore, key: str, **kwargs: Any) -> bytes:
         if key.startswith(DATA_DIR):
@@ -94,18 +93,29 @@ def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
             gets[key] += 1
         return open_input(self, key, *args)
 
-    def counted_decode(self: pq.ParquetFile, groups: list[int], *args: Any,
-                       **kwargs: Any) -> pa.Table:
-        decoded[0] += len(groups)
-        return read_row_groups(self, groups, *args, **kwargs)
+    class Counted:
+        """A Parquet reader whose row groups read are counted."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def read_row_groups(self, groups: list[int], *args: Any, **kwargs: Any) -> pa.Table:
+            decoded[0] += len(groups)
+            return self.inner.read_row_groups(groups, *args, **kwargs)
+
+    def counted_reader(*args: Any) -> Counted:
+        return Counted(reader(*args))
 
     LocalStore.get, LocalStore.open_input = counted_get, counted_open  # type: ignore[method-assign]
-    pq.ParquetFile.read_row_groups = counted_decode
+    fragments._reader = counted_reader  # type: ignore[assignment]
     try:
         yield gets, decoded
     finally:
         LocalStore.get, LocalStore.open_input = get, open_input  # type: ignore[method-assign]
-        pq.ParquetFile.read_row_groups = read_row_groups
+        fragments._reader = reader
 
 
 class HookedStore:

@@ -34,7 +34,7 @@ LAYERS = {
     "plan": (("plan", "plan.slices", "plan.rows", "plan.choose"),
              ("plan.balance", "plan.mix")),
     "read": (("read", "read.cache", "read.pages"),
-             ("read.fragments", "read.lineage"),
+             ("read.fragments", "read.lineage", "read.tensors"),
              ("read.offsets",),
              ("read.steps", "read.selected")),
     "ops": (("ops", "ops.text", "ops.verify"),

@@ -7,7 +7,6 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -96,7 +95,11 @@ def _remove(f: FragmentRef, now_ms: int, void: bool = False) -> dict[str, Any]:
 
 def entry_digest(data: bytes) -> str:
     """The digest of an entry's bytes as stored (``Link.digest``)."""
-    return hashlib.sha256(data).hexdigest()[:DIGEST_CHARS]
+    return _sha256(data).digest()[:DIGEST_BYTES].hex()
+
+
+_sha256 = hashlib.sha256
+DIGEST_BYTES = DIGEST_CHARS // 2
 
 
 WRITER_FEATURE = "lakestreamLog"
@@ -333,12 +336,12 @@ def decode_entry(version: int, data: bytes) -> Entry:
                 "writer"
             )
         chained = fmt == CHAINED_ENTRY_FORMAT
-        prev = _prev(info["prev"]) if chained else None
-        entry = _decode_op(version, info, by_kind, chained)
+        link = Link(entry_digest(data), _prev(info["prev"]) if chained else None, chained)
+        entry = _decode_op(version, info, by_kind, link)
         if isinstance(entry, Append) and data.find(b"\n") > MAX_INFO_BYTES:
             entry = Refused(f"its first line is over {MAX_INFO_BYTES:,} bytes: a state no "
-                            "writer writes", entry.commit_id)
-        return replace(entry, link=Link(entry_digest(data), prev, chained))
+                            "writer writes", entry.commit_id, link=link)
+        return entry
     except CorruptLogError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, IndexError,
@@ -349,18 +352,16 @@ def decode_entry(version: int, data: bytes) -> Entry:
 
 _FORMATS = (FORMAT_VERSION, GROUP_ENTRY_FORMAT, SEAL_ENTRY_FORMAT, COMPACTED_ENTRY_FORMAT,
             CHAINED_ENTRY_FORMAT)
-_DIGEST = re.compile(rf"[0-9a-f]{{{DIGEST_CHARS}}}")
-
-
 def _prev(value: Any) -> str | None:
-    """A chained entry's ``prev``: None or a digest."""
-    if value is None or isinstance(value, str) and _DIGEST.fullmatch(value):
+    """A chained entry's ``prev``: None or a string the length of a digest (one that is not
+    hex matches no digest, and the entry then follows nothing)."""
+    if value is None or type(value) is str and len(value) == DIGEST_CHARS:
         return value
     raise ValueError(f"prev {str(value)[:80]!r} is not a digest")
 
 
 def _decode_op(version: int, info: dict[str, Any], by_kind: dict[str, list[dict[str, Any]]],
-               chained: bool) -> Entry:
+               link: Link) -> Entry:
     """The entry an entry's ``commitInfo.lakestream`` and actions describe.
 
     Raises:
@@ -370,35 +371,36 @@ def _decode_op(version: int, info: dict[str, Any], by_kind: dict[str, list[dict[
     if op == "create":
         if version != 0:
             raise ValueError("a create entry past version 0")
-        return Create(StreamMeta.from_json(by_kind["metaData"][0]), cid)
+        return Create(StreamMeta.from_json(by_kind["metaData"][0]), cid, link=link)
     if "group" in info and not isinstance(info["group"], str):
         raise ValueError(f"group {str(info['group'])[:40]!r} is not a string")
     if op == "append":
-        return _append(version, info, by_kind.get("add", []), chained)
+        return _append(version, info, by_kind.get("add", []), link)
     if op == "fence":
         epoch = count(info["epoch"], "epoch", low=-MAX_INT)
-        return Fence(check_producer_id(info["producer"]), epoch, cid)
+        return Fence(check_producer_id(info["producer"]), epoch, cid, link=link)
     if op == "checkpoint":
         return Checkpoint(info["group"], count(info["step"], "step"),
-                          _checkpoint_id(info.get("checkpoint_id")), cid)
+                          _checkpoint_id(info.get("checkpoint_id")), cid, link=link)
     if op == "register":
-        return Register(info["group"], count(info["step"], "step"), cid)
+        return Register(info["group"], count(info["step"], "step"), cid, link=link)
     if op == "remove_group":
-        return RemoveGroup(info["group"], cid)
+        return RemoveGroup(info["group"], cid, link=link)
     if op == "seal":
-        return Seal(cid)
+        return Seal(cid, link=link)
     if op == "reclaim":
         removes = by_kind.get("remove", [])
         below = count(info["below_offset"], "below_offset")
-        if not chained:  # from before the split: matched by path alone
-            return Reclaim(below, tuple(_fragment(a, version) for a in removes), cid, None)
+        if not link.chained:  # from before the split: matched by path alone
+            return Reclaim(below, tuple(_fragment(a, version) for a in removes), cid, None,
+                           link=link)
         live = tuple(_fragment(a, version) for a in removes if not _is_void(a))
         void = tuple(_fragment(a, version) for a in removes if _is_void(a))
-        return Reclaim(below, live, cid, void)
+        return Reclaim(below, live, cid, void, link=link)
     if op == "compacted":
         replaced = info.get("replaced")
         return Compacted(count(info["snapshot"], "snapshot"),
-                         None if replaced is None else str(replaced), cid)
+                         None if replaced is None else str(replaced), cid, link=link)
     raise ValueError(f"unknown operation {op!r}")
 
 
@@ -406,13 +408,14 @@ def _is_void(action: dict[str, Any]) -> bool:
     return (action.get("tags") or {}).get(_VOID_TAG) == "true"
 
 
-def _append(version: int, info: dict[str, Any], adds: list[dict[str, Any]], chained: bool
+def _append(version: int, info: dict[str, Any], adds: list[dict[str, Any]], link: Link
             ) -> Append | Refused:
     """An append, or ``Refused`` if it breaks what every writer keeps to: at most
     ``MAX_FRAGMENTS_PER_ENTRY`` fragments, and (chained) what ``refusal`` checks."""
     cid = str(info["commit_id"])
     if len(adds) > MAX_FRAGMENTS_PER_ENTRY:
-        return Refused(f"it adds {len(adds):,} fragments, over {MAX_FRAGMENTS_PER_ENTRY:,}", cid)
+        return Refused(f"it adds {len(adds):,} fragments, over {MAX_FRAGMENTS_PER_ENTRY:,}", cid,
+                       link=link)
     frags = tuple(_fragment(a, version) for a in adds)
     if not frags:
         raise ValueError("an append with no add actions")
@@ -423,10 +426,10 @@ def _append(version: int, info: dict[str, Any], adds: list[dict[str, Any]], chai
     if producer is not None:
         check_producer_id(producer)
     epoch = count(info["epoch"], "epoch", low=-MAX_INT)
-    why = refusal(producer, epoch, frags) if chained else None
+    why = refusal(producer, epoch, frags) if link.chained else None
     if why is not None:
-        return Refused(why, cid)
-    return Append(producer, epoch, frags, info.get("state"), cid)
+        return Refused(why, cid, link=link)
+    return Append(producer, epoch, frags, info.get("state"), cid, link=link)
 
 
 def refusal(producer: str | None, epoch: int, fragments: tuple[FragmentRef, ...]) -> str | None:

@@ -8,7 +8,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -240,9 +240,8 @@ DIGEST_CHARS = 32
 """A link's digest: the first 128 bits of the SHA-256 of an entry's bytes, in hex."""
 
 
-@dataclass(frozen=True)
-class Link:
-    """Where an entry read from the store stands in the log's chain (docs/design.md §3).
+class Link(NamedTuple):
+    """Where an entry read from the store stands in the log's chain (docs/design.md §2).
 
     ``digest`` is the digest of the entry's bytes as stored; ``prev``, for a chained entry,
     the digest of the entry before it as its writer read it (None where the writer did not

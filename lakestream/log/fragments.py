@@ -61,6 +61,11 @@ def read_whole(size: int, wanted: float = 0.0) -> bool:
     return size <= WHOLE_FILE_BYTES or (wanted >= 0.5 and size <= MOSTLY_READ_MAX_BYTES)
 
 
+def _fixed_width(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) \
+        or pa.types.is_temporal(t) and not pa.types.is_interval(t)
+
+
 def _is_nested(t: pa.DataType) -> bool:
     return pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
@@ -105,13 +110,33 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
 def _codecs(schema: pa.Schema, compression: str, level: int | None
             ) -> tuple[str | dict[str, str], int | dict[str, int] | None]:
     """The codec of each column and the level of those compressed: ``compression`` for all
-    but binary columns, which are stored as they are."""
-    raw = [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+    but binary columns and columns of one fixed-width value a row (ids, rewards, versions),
+    which are stored as they are: a few bytes a row gain nothing from a codec, and a
+    reader bounds what an uncompressed fixed-width chunk decodes to from its footer alone,
+    without parsing its pages (``lakestream.read.fragments.decoded_bound``)."""
+    raw = [f.name for f in schema if pa.types.is_binary(f.type)
+           or pa.types.is_large_binary(f.type) or _fixed_width(f.type)]
     if compression == "none" or not raw:
         return compression, None if compression == "none" else level
-    codecs = {f.name: "none" if f.name in raw else compression for f in schema}
+    # Keyed by Parquet column (leaf) paths: a key naming a list column by its own name
+    # matched none of its leaves, which were then left uncompressed.
+    codecs = {path: "none" if f.name in raw else compression
+              for f in schema for path in _leaf_paths(f.name, f.type)}
     levels = None if level is None else {n: level for n, c in codecs.items() if c != "none"}
     return codecs, levels
+
+
+def _leaf_paths(name: str, t: pa.DataType) -> list[str]:
+    """The Parquet column paths a field of type ``t`` is stored in (as pyarrow names them)."""
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _leaf_paths(f"{name}.list.element", t.value_type)
+    if pa.types.is_map(t):
+        return _leaf_paths(f"{name}.key_value.key", t.key_type) + \
+            _leaf_paths(f"{name}.key_value.value", t.item_type)
+    if pa.types.is_struct(t):
+        return [p for i in range(t.num_fields)
+                for p in _leaf_paths(f"{name}.{t.field(i).name}", t.field(i).type)]
+    return [name]
 
 
 def _write_parquet(table: pa.Table, capacity: int, **options: Any) -> memoryview:

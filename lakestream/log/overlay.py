@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 K = TypeVar("K")
 V = TypeVar("V")
+T = TypeVar("T")
 _GONE: object = object()
+_MISSING: object = object()
 
 
 class OverlayDict(Mapping[K, V], Generic[K, V]):
@@ -18,16 +20,31 @@ class OverlayDict(Mapping[K, V], Generic[K, V]):
     root of its size: folding costs the size and happens every that many changes. Values
     must not be modified in place (replace them), since copies share them."""
 
-    __slots__ = ("_base", "_top")
+    __slots__ = ("_base", "_top", "_limit")
 
     def __init__(self, items: Mapping[K, V] | None = None) -> None:
         self._base: dict[K, V] = dict(items or {})
         self._top: dict[K, object] = {}
+        self._limit = max(32, math.isqrt(len(self._base)))
 
     def copy(self) -> OverlayDict[K, V]:
         other: OverlayDict[K, V] = OverlayDict.__new__(OverlayDict)
-        other._base, other._top = self._base, dict(self._top)
+        other._base, other._top, other._limit = self._base, dict(self._top), self._limit
         return other
+
+    @overload
+    def get(self, key: K, /) -> V | None: ...
+
+    @overload
+    def get(self, key: K, /, default: V | T) -> V | T: ...
+
+    def get(self, key: K, /, default: object = None) -> object:
+        top = self._top
+        if top:
+            value = top.get(key, _MISSING)
+            if value is not _MISSING:
+                return default if value is _GONE else value
+        return self._base.get(key, default)
 
     def __getitem__(self, key: K) -> V:
         value = self._top.get(key, _GONE) if self._top else _GONE
@@ -55,7 +72,7 @@ class OverlayDict(Mapping[K, V], Generic[K, V]):
         return value
 
     def _fold_if_due(self) -> None:
-        if len(self._top) > max(32, math.isqrt(len(self._base))):
+        if len(self._top) > self._limit:
             base = dict(self._base)  # a new one: copies share the old
             for key, value in self._top.items():
                 if value is _GONE:
@@ -63,6 +80,7 @@ class OverlayDict(Mapping[K, V], Generic[K, V]):
                 else:
                     base[key] = value  # type: ignore[assignment]
             self._base, self._top = base, {}
+            self._limit = max(32, math.isqrt(len(base)))
 
     def __iter__(self) -> Iterator[K]:
         if not self._top:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from lakestream.errors import CorruptLogError, LogCompactedError, StreamSealedError
 from lakestream.log.entries import (
@@ -38,8 +38,9 @@ more void files are not listed (gc deletes them all the same: no live fragment n
 them), so that void appends cannot grow every state and manifest without end."""
 
 
-@dataclass(frozen=True)
-class ProducerState:
+class ProducerState(NamedTuple):
+    """A producer's epoch, last committed seq and state (a tuple: made on every append)."""
+
     epoch: int = 0
     seq: int = -1
     state: Any = None
@@ -225,7 +226,7 @@ class ReplayState:
             p = self.producers.get(entry.producer, ProducerState())
             if entry.epoch <= p.epoch:
                 return False
-            self.producers[entry.producer] = replace(p, epoch=entry.epoch)
+            self.producers[entry.producer] = ProducerState(entry.epoch, p.seq, p.state)
             return True
         if isinstance(entry, Checkpoint | Register | RemoveGroup) \
                 and not valid_group(entry.group):

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow._parquet import ParquetReader
 from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError, NotFoundError
@@ -76,6 +77,8 @@ def decoded_bound(md: pq.FileMetaData, group: int, buf: Any, base: int = 0,
     values are its values times their width (and a word each of offsets and validity), or,
     for byte arrays, the pages' bytes, and, where a value may repeat another's bytes (a
     dictionary, prefix sharing), as many copies of the largest page as there are values.
+    An uncompressed chunk of fixed-width values decompresses nothing: its values' widths and
+    its stored bytes bound it, and its pages are not read.
 
     Raises:
         ValueError: a page header is damaged, or the pages do not tile their chunk or hold
@@ -85,10 +88,15 @@ def decoded_bound(md: pq.FileMetaData, group: int, buf: Any, base: int = 0,
     total = 0
     for j in range(md.num_columns) if leaves is None else leaves:
         chunk = row_group.column(j)
-        start, end = chunk_range(md, group, j)
         n = chunk.num_values
-        pages = chunk_pages(buf, start - base, end - start, n)
         kind = chunk.physical_type
+        if kind in _WIDTHS and chunk.compression == "UNCOMPRESSED":
+            # Nothing is decompressed, and every value is its width, dictionary or not:
+            # the values and the stored bytes bound it, the pages need not be read.
+            total += n * (_WIDTHS[kind] + 8) + chunk.total_compressed_size
+            continue
+        start, end = chunk_range(md, group, j)
+        pages = chunk_pages(buf, start - base, end - start, n)
         if kind in _WIDTHS:
             values = n * _WIDTHS[kind]
         elif kind == "FIXED_LEN_BYTE_ARRAY":
@@ -123,6 +131,8 @@ class Footer:
     pages_checked: list[bool] = field(default_factory=lambda: [False])
     """Whether every page of the file has been checked (``check_decoded``), once it was
     fetched whole: then a decode from its bytes need not check them again."""
+    spans: dict[str, range] | None = None
+    """The leaves of each top-level column, once ``leaves`` has looked."""
 
     @classmethod
     def of(cls, md: pq.FileMetaData) -> Footer:
@@ -132,16 +142,19 @@ class Footer:
         return cls(md, starts)
 
     def leaves(self, columns: list[str] | None) -> list[int] | None:
-        """The Parquet columns (leaves) holding the Arrow ``columns`` (None: all)."""
+        """The Parquet columns (leaves) holding the Arrow ``columns`` (None: all), in the
+        order of ``columns``."""
         if columns is None:
             return None
-        schema = self.metadata.schema.to_arrow_schema()
-        at, spans = 0, {}
-        for f in schema:
-            n = _leaf_count(f.type)
-            spans[f.name] = range(at, at + n)
-            at += n
-        return sorted(j for c in columns for j in spans.get(c, ()))
+        if self.spans is None:
+            at, spans = 0, {}
+            for f in self.metadata.schema.to_arrow_schema():
+                n = _leaf_count(f.type)
+                spans[f.name] = range(at, at + n)
+                at += n
+            object.__setattr__(self, "spans", spans)
+        assert self.spans is not None
+        return [j for c in columns for j in self.spans.get(c, ())]
 
     def groups(self, start: int, stop: int) -> range:
         """The row groups that hold rows of ``[start, stop)``."""
@@ -229,7 +242,7 @@ class FragmentReader:
         with _corrupt(path):
             if footer is None:
                 with self._source(path, size, data) as f:
-                    md = pq.ParquetFile(f).metadata
+                    md = _reader(f, None, False).metadata
                 check_footer(md)
                 footer = Footer.of(md)
                 with self._lock:
@@ -261,9 +274,10 @@ class FragmentReader:
             else:
                 source = self._fetch_groups(path, size, footer, groups, columns)
             # Parquet's page checksums (slow) are checked only where the CRC-32 was not.
-            pf = pq.ParquetFile(source, metadata=footer.metadata,
-                                page_checksum_verification=data is None)
-            table = pf.read_row_groups(list(groups), columns=columns, use_threads=False)
+            reader = _reader(source, footer.metadata, data is None)
+            leaves = footer.leaves(columns)
+            table = reader.read_row_groups(list(groups), column_indices=leaves,
+                                           use_threads=False)
             return self._check_schema(table, columns)
 
     def _fetch_groups(self, path: str, size: int, footer: Footer, groups: Sequence[int],
@@ -335,6 +349,17 @@ class Spans(SeekableReader):
         buffer[:n] = self._parts[i][at:at + n]
         self._pos += n
         return n
+
+
+def _reader(source: Any, metadata: pq.FileMetaData | None, checksums: bool
+            ) -> ParquetReader:
+    """pyarrow's reader of ``source``, opened as ``pq.ParquetFile`` opens one, less what
+    that adds for a reader of every kind (column paths by name, buffering ahead): a
+    fragment is opened twice a read, and those were most of a small one's opening."""
+    reader = ParquetReader()
+    reader.open(source, metadata=metadata, pre_buffer=False,
+                page_checksum_verification=checksums)
+    return reader
 
 
 def _brief(schema: pa.Schema) -> str:

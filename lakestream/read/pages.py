@@ -533,6 +533,11 @@ _FAST = re.compile(
 """The header of a v1 data page or a dictionary page as Parquet writers lay it out (short
 field ids in order; a CRC or not), up to its page struct's statistics, if any: matched in one
 call where parsing it a byte at a time took 5 µs. (v2 pages, rarer, take the careful way.)"""
+_STATS = re.compile(
+    rb"\x1c(?:[\x18\x28\x38\x48\x58\x68](?:\x00|\x01.|\x02.{2}|\x04.{4}|\x08.{8})"
+    rb"|[\x16\x26\x36\x46][\x80-\xff]{0,9}[\x00-\x7f]|[\x11\x12\x21\x22])*\x00", re.S)
+"""A data page's statistics as writers lay them out for a column of fixed-width values:
+binary minima and maxima of 0-8 bytes, i64 counts, bool flags (others: the slow loop)."""
 
 
 def _fast_header(b: bytes) -> tuple[int, int, int, int, int, int] | None:
@@ -544,15 +549,17 @@ def _fast_header(b: bytes) -> tuple[int, int, int, int, int, int] | None:
     if m is None:
         return None
     g = m.groups()
-    if not all(v is None or len(v) < 5 or v[4] < 0x10 for v in g):
-        return None  # a zigzag varint of 33 bits or more: not an i32
     data = g[5] is not None
-    kind, uncompressed, compressed = _zigzag(g[0]), _zigzag(g[1]), _zigzag(g[2])
-    values, encoding = (_zigzag(g[4]), _zigzag(g[5])) if data else \
-        (_zigzag(g[8]), _zigzag(g[9]))
+    numbers = (g[0], g[1], g[2], g[4], g[5]) if data else (g[0], g[1], g[2], g[8], g[9])
+    if not all(len(v) < 5 or v[4] < 0x10 for v in numbers):
+        return None  # a zigzag varint of 33 bits or more: not an i32
+    if g[3] is not None and len(g[3]) == 5 and g[3][4] >= 0x10:
+        return None
+    kind, uncompressed, compressed, values, encoding = map(_zigzag, numbers)
     i = m.end()
-    if b[i] == 0x1C and data:  # a v1 data page's statistics (field 5)
-        i = _fast_statistics(b, i + 1)
+    if data and b[i] == 0x1C:  # a v1 data page's statistics (field 5)
+        stats = _STATS.match(b, i)
+        i = stats.end() if stats is not None else _fast_statistics(b, i + 1)
         if i < 0:
             return None
     if b[i] or b[i + 1]:  # the page struct and the header end here
@@ -563,15 +570,24 @@ def _fast_header(b: bytes) -> tuple[int, int, int, int, int, int] | None:
     return kind, uncompressed, compressed, values, encoding, i + 2
 
 
-def _zigzag(varint: bytes) -> int:
-    if len(varint) == 1:
-        n = varint[0]
-    else:
-        n = shift = 0
-        for byte in varint:
-            n |= (byte & 0x7F) << shift
-            shift += 7
+def _unzig(n: int) -> int:
     return (n >> 1) ^ -(n & 1)
+
+
+_SHORT = {bytes([n]): _unzig(n) for n in range(128)} | {
+    bytes([0x80 | (n & 0x7F), n >> 7]): _unzig(n) for n in range(128, 1 << 14)}
+"""The value of every varint of one or two bytes (most sizes and counts of a page)."""
+
+
+def _zigzag(varint: bytes) -> int:
+    value = _SHORT.get(varint)
+    if value is not None:
+        return value
+    n = shift = 0
+    for byte in varint:
+        n |= (byte & 0x7F) << shift
+        shift += 7
+    return _unzig(n)
 
 
 def _fast_statistics(b: bytes, i: int) -> int:

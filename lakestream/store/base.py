@@ -14,6 +14,9 @@ PutMode = Literal["create", "overwrite"]
 """``create`` writes the whole object or fails with AlreadyExistsError; ``overwrite`` replaces."""
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
+_PLAIN_KEY = re.compile(r"(?:[A-Za-z0-9_-][A-Za-z0-9._-]*/)*[A-Za-z0-9_-][A-Za-z0-9._-]*")
+"""Keys ``check_key`` accepts at a glance: ASCII segments that cannot be ``.``, ``..`` or
+percent-encoded (none starts with a dot, none holds a ``%``)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ def check_key(key: str) -> str:
         ValueError: the key is empty, absolute, has a ``.``/``..`` segment (also
             percent-encoded), a backslash or a control character.
     """
+    if type(key) is str and _PLAIN_KEY.fullmatch(key):
+        return key  # what the stream's own keys look like: the checks below all pass
     if not isinstance(key, str) or not key:
         raise ValueError(f"object key must be a non-empty string, got {key!r}")
     if key.startswith("/") or "://" in key:

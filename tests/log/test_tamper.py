@@ -400,7 +400,7 @@ def test_a_footer_that_lies_about_its_sizes_bounds_nothing(tmp_path, monkeypatch
     table = pa.table({"id": pa.array(range(B), pa.int64()), "tokens": zeros,
                       "reward": pa.array([0.0] * B, pa.float32())}, schema=SCHEMA)
     _commit_parquet(s, table, compression="zstd")
-    real = pq.ParquetFile.metadata.fget  # type: ignore[attr-defined]
+    real = fragments._reader
 
     class Lying:
         """The footer, its chunks' sizes all said to be a few bytes."""
@@ -416,10 +416,16 @@ def test_a_footer_that_lies_about_its_sizes_bounds_nothing(tmp_path, monkeypatch
             return type("G", (), {"num_rows": group.num_rows, "num_columns": group.num_columns,
                                   "column": lambda _s, j: _LyingChunk(group.column(j))})()
 
-    monkeypatch.setattr(pq.ParquetFile, "metadata", property(lambda pf: Lying(real(pf))))
+    class LyingReader:
+        def __init__(self, *args: Any) -> None:
+            self.metadata = Lying(real(*args).metadata)
+
+    monkeypatch.setattr(fragments, "_reader", LyingReader)
     monkeypatch.setattr(fragments, "MAX_DECODED_BYTES_PER_ROW", 1 << 20)
     with pytest.raises(CorruptLogError, match="would decode to up to"):
         lakestream.open(s.uri).read_step(0)
+    assert Lying(pq.read_metadata(pa.BufferReader(s.store.get(
+        s.state.all_fragments()[0].path)))).row_group(0).column(1).total_uncompressed_size == 10
 
 
 class _LyingChunk:

@@ -117,12 +117,18 @@ def test_a_nullable_tensor_column_keeps_nulls() -> None:
     assert table.column("image").null_count == 1
 
 
-def test_binary_columns_are_stored_uncompressed_and_the_others_compressed() -> None:
-    table = conform({"image": _images(8), "label": np.arange(8)}, SCHEMA, where="w")
+def test_binary_and_fixed_width_columns_are_stored_uncompressed_and_the_others_compressed(
+        ) -> None:
+    """Regression: beside a binary column, a list column's codec was keyed by its name, not
+    its leaf's path, matched nothing, and its tokens were stored uncompressed."""
+    schema = pa.schema([*SCHEMA, pa.field("tokens", pa.list_(pa.int32()))])
+    table = conform({"image": _images(8), "label": np.arange(8),
+                     "tokens": [[k] * 100 for k in range(8)]}, schema, where="w")
     md = pq.ParquetFile(io.BytesIO(bytes(encode_fragment(table, 1)))).metadata
     codecs = {md.row_group(0).column(i).path_in_schema: md.row_group(0).column(i).compression
               for i in range(md.num_columns)}
-    assert codecs == {"image": "UNCOMPRESSED", "label": "ZSTD"}
+    assert codecs == {"image": "UNCOMPRESSED", "label": "UNCOMPRESSED",
+                      "tokens.list.element": "ZSTD"}
     only_binary = pa.table({"b": pa.array([b"x", b"y"])})
     pq.ParquetFile(io.BytesIO(bytes(encode_fragment(only_binary, 1))))  # writes at all
 
