@@ -282,7 +282,26 @@ def _commit_id(data: bytes) -> str | None:
 
 def _sweep_index(store: ObjectStore, cutoff: float, report: GcReport) -> None:
     """Deletes index segments that no remaining snapshot names (blocks merged into larger
-    ones, or superseded after a reclaim). Unless every manifest is readable, keeps them all."""
+    ones, or superseded after a reclaim). Unless every manifest is readable, keeps them all.
+    The manifests are listed again after the segments, so a manifest that landed meanwhile
+    (naming a segment its writer checked was there) keeps what it names."""
+    named = _named_segments(store)
+    if named is None:
+        return
+    candidates = [meta for meta in store.list(INDEX_DIR)
+                  if meta.key not in named and meta.last_modified <= cutoff]
+    if not candidates:
+        return
+    again = _named_segments(store)
+    if again is None:
+        return
+    for meta in candidates:
+        if meta.key not in again and delete_or_skip(store, meta.key, report):
+            report.index_segments += 1
+
+
+def _named_segments(store: ObjectStore) -> set[str] | None:
+    """The segments the snapshots in the store name; None if a manifest is unreadable."""
     named: set[str] = set()
     for meta in store.list(SNAPSHOT_DIR):
         try:
@@ -290,9 +309,5 @@ def _sweep_index(store: ObjectStore, cutoff: float, report: GcReport) -> None:
         except (ValueError, NotFoundError):
             continue
         except CorruptLogError:
-            return
-    for meta in store.list(INDEX_DIR):
-        if meta.key not in named and meta.last_modified <= cutoff \
-                and delete_or_skip(store, meta.key, report):
-            report.index_segments += 1
-
+            return None
+    return named

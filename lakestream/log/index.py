@@ -158,6 +158,10 @@ class FragmentIndex:
         """Caches a segment's columns (its writer has them: no need to fetch them back)."""
         self._cache.put(key, cols)
 
+    def cached(self, key: str) -> Columns | None:
+        """A segment's columns if this index holds them (fetched or written)."""
+        return self._cache.get(key)
+
     # -- changes -----------------------------------------------------------------------
 
     def append(self, version: int, refs: Sequence[FragmentRef]) -> None:

@@ -54,6 +54,7 @@ from lakestream.log.segments import (
     INDEX_DIR,
     SEGMENT_FRAGMENTS,
     Columns,
+    SegmentError,
     encode_segment,
     fetch_segment,
     segment_fetcher,
@@ -303,6 +304,7 @@ def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
     newest_reclaim = state.reclaim_versions[-1] if state.reclaim_versions else 0
     parts: list[Part] = []
     run: list[Part] = []
+    written: set[str] = set()
 
     def flush() -> None:
         if run:
@@ -313,6 +315,7 @@ def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
                 piece = cols.slice(a, a + SEGMENT_FRAGMENTS)
                 parts.append(_put_segment(store, index, segment_key(lo, hi, reclaim, n), lo, hi,
                                           piece))
+                written.add(parts[-1].key or "")
             run.clear()
 
     for p in index.parts:
@@ -329,7 +332,9 @@ def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
             elif len(cols):
                 parts.append(_put_segment(store, index, shrunk_key(p.key, p.pending[-1].version),
                                           p.lo, p.hi, cols))
+                written.add(parts[-1].key or "")
     flush()
+    parts = _still_stored(store, index, parts, written)
     try:
         store.put(snapshot_key(state.version),
                   _encode_manifest(state, [_manifest_row(p) for p in parts]), mode="create")
@@ -345,6 +350,44 @@ def write_snapshot(store: ObjectStore, state: ReplayState) -> None:
         index.removals = [r for r in index.removals if r.version > state.version]
     else:
         rebase(store, state)
+
+
+def _still_stored(store: ObjectStore, index: FragmentIndex, parts: list[Part],
+                  written: set[str]) -> list[Part]:
+    """``parts``, each stored segment this writer did not just write checked to be there
+    still (a HEAD each): a state names the segments of the manifest it was last rebased on,
+    and gc deletes segments no remaining manifest names, so a writer idle across a gc would
+    name one that is gone. One that is gone is put again from the columns the index holds;
+    without them no manifest is written (readers open from an older one).
+
+    Raises:
+        SegmentError: a segment is gone and this writer does not hold its fragments.
+    """
+    named = [p for p in parts if p.key is not None and p.key not in written]
+
+    def there(p: Part) -> bool:
+        try:
+            store.head(p.key or "")
+            return True
+        except NotFoundError:
+            return False
+
+    found = list(shared_pool().map(there, named)) if len(named) > 1 else \
+        [there(p) for p in named]
+    gone = {p.key for p, ok in zip(named, found, strict=True) if not ok}
+    if not gone:
+        return parts
+    out = []
+    for p in parts:
+        if p.key in gone:
+            cols = index.cached(p.key or "")
+            if cols is None:
+                raise SegmentError(f"index segment {p.key} this snapshot would name is gone "
+                                   "(collected while this writer held its name): the snapshot "
+                                   "is not written", p.key or "")
+            p = _put_segment(store, index, p.key or "", p.lo, p.hi, cols)
+        out.append(p)
+    return out
 
 
 def _put_segment(store: ObjectStore, index: FragmentIndex, key: str, lo: int, hi: int,
