@@ -80,13 +80,18 @@ def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
 
     gets: Counter[str] = Counter()
     decoded = [0]
-    get, open_input = LocalStore.get, LocalStore.open_input
+    get, get_buffer, open_input = LocalStore.get, LocalStore.get_buffer, LocalStore.open_input
     reader = fragments._reader
 
     def counted_get(self: LocalStore, key: str, **kwargs: Any) -> bytes:
         if key.startswith(DATA_DIR):
             gets[key] += 1
         return get(self, key, **kwargs)
+
+    def counted_buffer(self: LocalStore, key: str, size: int) -> Any:
+        if key.startswith(DATA_DIR):
+            gets[key] += 1
+        return get_buffer(self, key, size)
 
     def counted_open(self: LocalStore, key: str, *args: Any) -> Any:
         if key.startswith(DATA_DIR):
@@ -110,11 +115,13 @@ def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
         return Counted(reader(*args))
 
     LocalStore.get, LocalStore.open_input = counted_get, counted_open  # type: ignore[method-assign]
+    LocalStore.get_buffer = counted_buffer  # type: ignore[method-assign]
     fragments._reader = counted_reader  # type: ignore[assignment]
     try:
         yield gets, decoded
     finally:
         LocalStore.get, LocalStore.open_input = get, open_input  # type: ignore[method-assign]
+        LocalStore.get_buffer = get_buffer  # type: ignore[method-assign]
         fragments._reader = reader
 
 
@@ -145,6 +152,9 @@ class HookedStore:
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         return bytes(self._call("get_range", key, start, end))
+
+    def get_buffer(self, key: str, size: int) -> Any:
+        return self._call("get_buffer", key, size)
 
     def head(self, key: str) -> Any:
         return self._call("head", key)

@@ -6,10 +6,13 @@ import io
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Literal, Protocol
+from typing import Any, BinaryIO, Literal, Protocol
 
 from lakestream.errors import TooLargeError
 
+Buffer = Any
+"""Bytes of an object as a store hands them over: anything with the buffer protocol
+(``bytes``, a numpy array, a client's own buffer)."""
 PutMode = Literal["create", "overwrite"]
 """``create`` writes the whole object or fails with AlreadyExistsError; ``overwrite`` replaces."""
 
@@ -54,6 +57,18 @@ class ObjectStore(Protocol):
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Returns bytes ``[start, end)``."""
+        ...
+
+    def get_buffer(self, key: str, size: int) -> Buffer:
+        """The bytes of an object the caller knows to be ``size`` bytes (a fragment, whose
+        size the log records), in memory the store chooses: a block of a pool, given back
+        when the result is let go, or the client's own buffer, never a copy of it. An object
+        of another size comes back as it is, for the caller's check to refuse; one larger
+        than ``size`` is cut one byte past it.
+
+        Raises:
+            NotFoundError, StoreError: as ``get``.
+        """
         ...
 
     def head(self, key: str) -> ObjectMeta: ...

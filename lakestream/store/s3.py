@@ -57,7 +57,14 @@ from lakestream.errors import (
     PermissionDeniedError,
     StoreError,
 )
-from lakestream.store.base import ObjectMeta, PutMode, SeekableReader, check_key, too_large
+from lakestream.store.base import (
+    Buffer,
+    ObjectMeta,
+    PutMode,
+    SeekableReader,
+    check_key,
+    too_large,
+)
 from lakestream.store.s3_options import S3Options, check_config, lookup, with_client_environment
 
 __all__ = ["S3Options", "S3Store", "s3_filesystem"]
@@ -237,6 +244,15 @@ class S3Store:
         try:
             return bytes(obstore.get(self._store, check_key(key)).bytes())
         except (_ObError, OSError) as e:
+            raise self._fail("reading", key, e) from None
+
+    def get_buffer(self, key: str, size: int) -> Buffer:
+        """See ``ObjectStore.get_buffer``: the client's own buffer, not a copy of it."""
+        try:
+            return obstore.get_range(self._store, check_key(key), start=0, end=size + 1)
+        except (_ObError, OSError) as e:
+            if size == 0 and ("416" in str(e) or "InvalidRange" in str(e)):
+                return b""
             raise self._fail("reading", key, e) from None
 
     def get_range(self, key: str, start: int, end: int) -> bytes:

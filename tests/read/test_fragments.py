@@ -63,6 +63,10 @@ class _CountingStore(LocalStore):
         self.gets += 1
         return super().get(key, **kwargs)  # type: ignore[arg-type]
 
+    def get_buffer(self, key: str, size: int):  # type: ignore[no-untyped-def]
+        self.gets += 1
+        return super().get_buffer(key, size)
+
 
 def test_a_large_fragment_mostly_wanted_is_read_whole_and_checked_by_its_crc(tmp_path,
                                                                              monkeypatch) -> None:

@@ -1,0 +1,60 @@
+"""The buffer pool a reader fills: a block comes back only once nothing made from it lives,
+a forked worker's pool is its own, and the pool keeps no more than its bound."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import torch
+
+from lakestream.store.pool import BufferPool
+
+
+def test_a_block_is_handed_out_again_only_once_every_view_of_it_is_gone() -> None:
+    pool = BufferPool()
+    a = pool.array(10_000)
+    where = a.ctypes.data
+    tensor = torch.from_numpy(a[100:200])
+    del a
+    gc.collect()
+    b = pool.array(10_000)  # the tensor still holds the first block
+    assert b.ctypes.data != where
+    del tensor
+    gc.collect()
+    c = pool.array(10_000)
+    assert c.ctypes.data == where and len(c) == 10_000
+    assert b.flags.writeable and c.flags.writeable
+
+
+def test_a_forked_worker_fills_its_own_blocks_not_its_parents() -> None:
+    """A DataLoader worker forked from a reader inherits its pool: the blocks must be private
+    copies, or the worker's reads land in the memory the parent's next batch is read into."""
+    pool = BufferPool()
+    a = pool.array(1 << 16)
+    a[:] = 1
+    where = a.ctypes.data
+    del a
+    gc.collect()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            pool.array(1 << 16)[:] = 7
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    again = pool.array(1 << 16)
+    assert again.ctypes.data == where
+    assert (again == 1).all()
+
+
+def test_the_pool_keeps_no_more_free_bytes_than_its_bound() -> None:
+    pool = BufferPool(max_bytes=3 << 12)
+    blocks = [pool.array(1 << 12) for _ in range(5)]
+    for b in blocks:
+        b[:] = 9  # a fresh block is the kernel's zeros; a kept one still says 9
+    del blocks, b
+    gc.collect()
+    again = [pool.array(1 << 12) for _ in range(5)]
+    assert sorted(int(b[0]) for b in again) == [0, 0, 9, 9, 9]
