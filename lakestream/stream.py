@@ -30,6 +30,7 @@ from lakestream.read.cache import FragmentCache
 from lakestream.read.fragments import LastStep
 from lakestream.read.lineage import StepLineage
 from lakestream.read.offsets import OffsetReader
+from lakestream.read.tensors import ColumnSink
 from lakestream.schema.conform import validate_schema
 from lakestream.store import ObjectStore, open_store
 
@@ -330,18 +331,22 @@ class Stream:
 
     def read_offsets(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None,
                      *, what: str | None = None, cache: FragmentCache | None = None,
-                     last_step: LastStep | None = None) -> pa.Table:
+                     last_step: LastStep | None = None,
+                     sink: ColumnSink | None = None) -> pa.Table:
         """The samples at offsets ``[lo, hi)`` of each span, in the order given (a mixed or
         shuffled step's rows). A fragment that several spans touch is read once; with a
         ``cache``, each row group once, and a file read whole fetched once, while the cache
         keeps them: until ``last_step(lo, hi)``, the last step that may read offsets
-        ``[lo, hi)`` (the steps of a mix share their fragments: ``MixSteps``).
+        ``[lo, hi)`` (the steps of a mix share their fragments: ``MixSteps``). With a
+        ``sink``, its tensor columns go into its arrays, copied from the fragments' bytes,
+        and not into the table (``lakestream.read.tensors``).
 
         Raises:
             StepNotAvailableError: an offset is not committed yet, or was reclaimed.
             ValueError: an unknown column, or an empty or reversed span.
         """
-        return self._reader.read(spans, columns, what=what, cache=cache, last_step=last_step)
+        return self._reader.read(spans, columns, what=what, cache=cache, last_step=last_step,
+                                 sink=sink)
 
     def lineage(self, step: int) -> StepLineage:
         """Where each sample of global batch ``step`` came from (producer, epoch, seq,

@@ -75,9 +75,12 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
     """Parquet bytes for ``table``, with row groups aligned to ``group_size``: a view of
     Arrow's buffer, not a copy (stores, ``zlib_ng.crc32`` and files take it as it is).
 
-    Dictionary encoding and statistics are kept for scalar columns (ids, rewards, versions
-    repeat and are cheap to encode) and turned off for list and binary columns (tokens,
-    log-probs, images), where they cost time and save little. Binary columns (images, audio,
+    Statistics are kept for scalar columns, dictionary encoding for those that are not
+    fixed-width numbers (strings repeat and are cheap to encode); both are off for list and
+    binary columns (tokens, log-probs, images), where they cost time and save little, and
+    fixed-width numbers (ids, rewards, versions: a few bytes a row) are stored PLAIN and
+    uncompressed, so that a reader copies them straight from the file's bytes
+    (``lakestream.read.tensors``). Binary columns (images, audio,
     tensors: encoded media does not compress, raw pixels little for the time it takes) are
     stored uncompressed, so that writing them costs about a copy.
 
@@ -95,12 +98,13 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
     per_row = max(1, nbytes // max(1, n))
     rows = max(group_size, (ROW_GROUP_TARGET_BYTES // per_row) // group_size * group_size)
     scalar = [f.name for f in table.schema if not _is_nested(f.type)]
+    dictionary = [name for name in scalar if not _fixed_width(table.schema.field(name).type)]
     checksums = nbytes > WHOLE_FILE_BYTES // 2
     codecs, level = _codecs(table.schema, compression, compression_level)
     room = nbytes + nbytes // 8 + ENCODE_SLACK_BYTES + COLUMN_SLACK_BYTES * table.num_columns
     while True:
         body = _write_parquet(table, room, row_group_size=rows, compression=codecs,
-                              compression_level=level, use_dictionary=scalar,
+                              compression_level=level, use_dictionary=dictionary,
                               write_statistics=scalar, write_page_checksum=checksums)
         if checksums or read_whole(len(body)):
             return body

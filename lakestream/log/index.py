@@ -30,6 +30,8 @@ from lakestream.log.segments import (
     fetch_segment,
 )
 
+SMALL_REFS = 8
+"""An in-memory part of at most this many fragments is searched as records (``between``)."""
 CACHED_SEGMENTS = 32
 """Decoded segments an index (and its copies) keeps, least recently used dropped first."""
 
@@ -242,6 +244,13 @@ class FragmentIndex:
             part = self.parts[i]
             i += 1
             if part.end <= lo:
+                continue
+            if isinstance(part.cols, Refs) and len(part.cols.refs) <= SMALL_REFS:
+                # An append's few fragments, in memory: read from its records rather than
+                # made into columns (most appends are read once, by the step after them).
+                out.extend(Fragment(f.offset, f.rows, f.path, f.size, part.cols.version,
+                                    f.crc32) for f in part.cols.refs
+                           if f.offset < hi and f.offset + f.rows > lo)
                 continue
             cols = self.load(part)
             a = max(0, int(np.searchsorted(cols.offset, lo, side="right")) - 1)

@@ -9,7 +9,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -19,10 +18,8 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.log.fragments import read_whole
-from lakestream.log.segments import Fragment
-from lakestream.plan.rows import plan_rows
-from lakestream.read.cache import FragmentCache
-from lakestream.read.pages import chunk_pages
+from lakestream.read.pages import FastPage, chunk_pages
+from lakestream.read.tensors import Direct, PlainValues, plain_values
 from lakestream.store.base import ObjectStore, SeekableReader
 
 MAX_DECODED_BYTES_PER_ROW = 256 << 20
@@ -69,7 +66,8 @@ def check_footer(md: pq.FileMetaData) -> None:
 
 
 def decoded_bound(md: pq.FileMetaData, group: int, buf: Any, base: int = 0,
-                  leaves: Sequence[int] | None = None) -> int:
+                  leaves: Sequence[int] | None = None,
+                  memo: dict[int, list[FastPage]] | None = None) -> int:
     """An upper bound of the bytes row group ``group`` decodes to, from what its pages hold:
     each page's header (``lakestream.read.pages``) is parsed from ``buf`` (the file's bytes
     from offset ``base``), since a footer's sizes may lie (a 36 KB file whose footer said so
@@ -96,7 +94,7 @@ def decoded_bound(md: pq.FileMetaData, group: int, buf: Any, base: int = 0,
             total += n * (_WIDTHS[kind] + 8) + chunk.total_compressed_size
             continue
         start, end = chunk_range(md, group, j)
-        pages = chunk_pages(buf, start - base, end - start, n)
+        pages = chunk_pages(buf, start - base, end - start, n, memo)
         if kind in _WIDTHS:
             values = n * _WIDTHS[kind]
         elif kind == "FIXED_LEN_BYTE_ARRAY":
@@ -110,12 +108,13 @@ def decoded_bound(md: pq.FileMetaData, group: int, buf: Any, base: int = 0,
 
 
 def check_decoded(md: pq.FileMetaData, groups: Sequence[int], buf: Any, base: int = 0,
-                  leaves: Sequence[int] | None = None) -> None:
+                  leaves: Sequence[int] | None = None,
+                  memo: dict[int, list[FastPage]] | None = None) -> None:
     """Raises ValueError if row groups ``groups`` (their columns ``leaves``; None: all) would
     decode to more than ``MAX_DECODED_BYTES_PER_ROW`` a row (``decoded_bound``)."""
     for g in groups:
         rows = md.row_group(g).num_rows
-        bound = decoded_bound(md, g, buf, base, leaves)
+        bound = decoded_bound(md, g, buf, base, leaves, memo)
         if bound > max(1, rows) * MAX_DECODED_BYTES_PER_ROW:
             raise ValueError(f"its row group {g} of {rows} rows would decode to up to "
                              f"{bound:,} bytes, over {MAX_DECODED_BYTES_PER_ROW:,} a row")
@@ -128,11 +127,15 @@ class Footer:
 
     metadata: pq.FileMetaData
     starts: list[int]
-    pages_checked: list[bool] = field(default_factory=lambda: [False])
-    """Whether every page of the file has been checked (``check_decoded``), once it was
-    fetched whole: then a decode from its bytes need not check them again."""
+    checked: set[int] = field(default_factory=set)
+    """The leaves whose pages have been checked (``check_decoded``) in the file fetched
+    whole: a decode of them from its bytes need not check them again."""
     spans: dict[str, range] | None = None
     """The leaves of each top-level column, once ``leaves`` has looked."""
+    plains: dict[str, PlainValues | None] = field(default_factory=dict)
+    pages: dict[int, list[FastPage]] = field(default_factory=dict)
+    """Pages of the file's chunks as parsed when it was fetched whole, by chunk start."""
+    """Per tensor column read from the whole file, where its values lie (``plain``)."""
 
     @classmethod
     def of(cls, md: pq.FileMetaData) -> Footer:
@@ -214,10 +217,11 @@ class FragmentReader:
             CorruptLogError: it differs from what the log recorded.
         """
         with _corrupt(path):
-            data = self.store.get(path, max_bytes=max(size, 1))
+            data = self.store.get_buffer(path, size)
+            n = memoryview(data).nbytes
             found = zlib_ng.crc32(data)
-            if len(data) != size or found != crc32:
-                raise ValueError(f"{len(data)} bytes with CRC-32 {found}, the log recorded "
+            if n != size or found != crc32:
+                raise ValueError(f"{n} bytes with CRC-32 {found}, the log recorded "
                                  f"{size} bytes with {crc32}: the file is damaged")
         return pa.py_buffer(data)
 
@@ -265,20 +269,54 @@ class FragmentReader:
                 decode to more than their rows may, or the schema is not the stream's.
         """
         with _corrupt(path):
+            leaves = footer.leaves(columns)
             if data is not None:
-                if not footer.pages_checked[0]:
-                    md = footer.metadata
-                    check_decoded(md, range(md.num_row_groups), memoryview(data).cast("B"))
-                    footer.pages_checked[0] = True
+                self._check_pages(footer, data, leaves)
                 source: Any = pa.BufferReader(data)
             else:
                 source = self._fetch_groups(path, size, footer, groups, columns)
             # Parquet's page checksums (slow) are checked only where the CRC-32 was not.
             reader = _reader(source, footer.metadata, data is None)
-            leaves = footer.leaves(columns)
             table = reader.read_row_groups(list(groups), column_indices=leaves,
                                            use_threads=False)
             return self._check_schema(table, columns)
+
+    def plain(self, path: str, footer: Footer, data: pa.Buffer, column: str,
+              direct: Direct) -> PlainValues | None:
+        """Where the values of column ``column``, read as ``direct`` says, lie in ``data``,
+        the fragment at ``path`` fetched whole, if they lie plainly
+        (``lakestream.read.tensors.plain_values``), kept with the footer. Nothing is decoded:
+        ``plain_values`` checks that each of the column's pages holds exactly its rows'
+        values, which are then copied into arrays the caller sized by the rows, so the
+        bound ``check_decoded`` keeps on a decode holds without it.
+
+        Raises:
+            CorruptLogError: a page header is damaged.
+        """
+        with _corrupt(path):
+            if column not in footer.plains:
+                leaves = footer.leaves([column]) or []
+                footer.plains[column] = plain_values(data, footer.metadata, leaves[0],
+                                                     direct, footer.pages) \
+                    if len(leaves) == 1 else None
+            return footer.plains[column]
+
+    @staticmethod
+    def _check_pages(footer: Footer, data: pa.Buffer, leaves: list[int] | None) -> None:
+        """The pages of ``leaves`` (None: all) in a fragment fetched whole checked
+        (``check_decoded``), each leaf once."""
+        md = footer.metadata
+        todo = [j for j in (range(md.num_columns) if leaves is None else leaves)
+                if j not in footer.checked]
+        if todo:
+            check_decoded(md, range(md.num_row_groups), memoryview(data).cast("B"),
+                          leaves=todo, memo=footer.pages)
+            footer.checked.update(todo)
+
+    @property
+    def schema_names(self) -> list[str] | None:
+        """The stream's columns (None: not known)."""
+        return None if self.schema is None else self.schema.names
 
     def _fetch_groups(self, path: str, size: int, footer: Footer, groups: Sequence[int],
                       columns: list[str] | None) -> Spans:
@@ -365,87 +403,6 @@ def _reader(source: Any, metadata: pq.FileMetaData | None, checksums: bool
 def _brief(schema: pa.Schema) -> str:
     text = ", ".join(f"{f.name}: {f.type}" for f in schema)
     return text if len(text) <= 200 else text[:200] + "..."
-
-
-def read_spans(reader: FragmentReader, fragments: Sequence[Fragment],
-               spans: Sequence[tuple[int, int]], columns: list[str] | None,
-               cache: FragmentCache | None = None,
-               last_step: LastStep | None = None) -> list[pa.Table]:
-    """The rows at offsets ``[lo, hi)`` of each span, as slices in the order given, from
-    ``fragments`` (contiguous, in offset order, covering every span). A fragment that several
-    spans touch is read once, over the rows they need.
-
-    With a ``cache``, each row group is decoded once, and a file read whole fetched once,
-    while the cache keeps them: until ``last_step(lo, hi)``, the last step that may read
-    offsets ``[lo, hi)`` (None: until the cache's bound pushes them out). They are loaded
-    in this thread (on a shared pool it cost more CPU: ``bench/mixing.py``; the caller's
-    reader threads already fill the cores)."""
-    ranges = _row_ranges(fragments, spans)
-    reach: dict[int, tuple[int, int]] = {}
-    for i, start, stop in ranges:
-        first, last = reach.get(i, (start, stop))
-        reach[i] = (min(first, start), max(last, stop))
-    tables: dict[int, tuple[pa.Table, int]] = {}  # rows from a first row on, and that row
-    for i, (start, stop) in reach.items():
-        f = fragments[i]
-        tables[i] = (reader.read(f.path, f.size, start, stop, columns, crc32=f.crc32,
-                                 rows=f.rows), start) if cache is None \
-            else _cached_rows(reader, cache, f, start, stop, columns, last_step)
-    return [tables[i][0].slice(start - tables[i][1], stop - start)
-            for i, start, stop in ranges]
-
-
-def _row_ranges(fragments: Sequence[Fragment], spans: Sequence[tuple[int, int]]
-                ) -> list[tuple[int, int, int]]:
-    """(fragment index, first row, end row) covering each span in turn: ``plan_rows``, with
-    the spans inside one fragment (each sample of a shuffled step of single-sample groups)
-    found at once."""
-    offsets = [f.offset for f in fragments]
-    ends = [f.offset + f.rows for f in fragments]
-    out: list[tuple[int, int, int]] = []
-    for lo, hi in spans:
-        i = bisect.bisect_right(offsets, lo) - 1
-        if i >= 0 and hi <= ends[i]:
-            out.append((i, lo - offsets[i], hi - offsets[i]))
-        else:
-            out.extend((r.index, r.start, r.stop) for r in plan_rows(fragments, lo, hi))
-    return out
-
-
-def _cached_rows(reader: FragmentReader, cache: FragmentCache, f: Fragment, start: int,
-                 stop: int, columns: list[str] | None, last_step: LastStep | None
-                 ) -> tuple[pa.Table, int]:
-    """The row groups of ``f`` that hold rows ``[start, stop)``, and the first row of them,
-    through ``cache``; the file's bytes, when it is fetched whole, are kept while row groups
-    of it are still to be decoded."""
-    kind = ",".join(columns) if columns is not None else "*"
-    whole = fetched_whole(f.size, f.crc32, stop - start, f.rows)
-    file = (f.path, f.size, f.crc32)  # two entries naming one path are two files here
-
-    def until(lo: int, hi: int) -> int | None:
-        return None if last_step is None else last_step(f.offset + lo, f.offset + hi)
-
-    def data() -> pa.Buffer | None:
-        if not whole:
-            return None
-        return cache.fetch(file, lambda: reader.fetch(f.path, f.size, f.crc32),
-                           until=until(0, f.rows))
-
-    footer = reader.cached_footer(*file)
-    if footer is None or footer.starts[-1] != f.rows:
-        footer = reader.footer(f.path, f.size, data(), f.rows, f.crc32)
-    starts = footer.starts
-
-    def decode(g: int) -> pa.Table:
-        return reader.decode(f.path, f.size, data(), footer, [g], columns)
-
-    groups = footer.groups(start, stop)
-    parts = [cache.fetch((*file, kind, g), partial(decode, g),
-                         until=until(starts[g], starts[g + 1])) for g in groups]
-    if whole and cache.holds(file) \
-            and cache.holds(*[(*file, kind, g) for g in range(len(starts) - 1)]):
-        cache.discard(file)  # every row group decoded: the bytes are done with
-    return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), starts[groups[0]]
 
 
 def fetched_whole(size: int, crc32: int, wanted: int, rows: int | None) -> bool:

@@ -17,8 +17,10 @@ from lakestream.log.segments import Fragment, SegmentError
 from lakestream.log.view import LogView
 from lakestream.plan.slices import check_world, slice_offsets
 from lakestream.read.cache import FragmentCache
-from lakestream.read.fragments import FragmentReader, LastStep, read_spans
+from lakestream.read.fragments import FragmentReader, LastStep
 from lakestream.read.lineage import StepLineage, step_lineage
+from lakestream.read.spans import read_spans
+from lakestream.read.tensors import ColumnSink
 
 
 class Readable(Protocol):
@@ -45,7 +47,8 @@ class Readable(Protocol):
     def poll_wait_s(self) -> float: ...
     def read_offsets(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None,
                      *, what: str | None = None, cache: FragmentCache | None = None,
-                     last_step: LastStep | None = None) -> pa.Table: ...
+                     last_step: LastStep | None = None,
+                     sink: ColumnSink | None = None) -> pa.Table: ...
 
 
 class OffsetReader:
@@ -57,9 +60,10 @@ class OffsetReader:
 
     def read(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None, *,
              what: str | None = None, cache: FragmentCache | None = None,
-             last_step: LastStep | None = None) -> pa.Table:
+             last_step: LastStep | None = None, sink: ColumnSink | None = None) -> pa.Table:
         """The samples at offsets ``[lo, hi)`` of each span, in the order given (through
-        ``cache``, kept until ``last_step``: see ``read_spans``).
+        ``cache``, kept until ``last_step``; the sink's tensor columns into its arrays, not
+        the table: see ``read_spans``).
 
         Raises:
             StepNotAvailableError: an offset is not committed yet, or was reclaimed.
@@ -81,10 +85,13 @@ class OffsetReader:
             unknown = [c for c in columns if c not in schema.names]
             if unknown:
                 raise ValueError(f"unknown columns {unknown}; the stream has {schema.names}")
-        parts = read_spans(self._fragments, fragments, spans, columns, cache, last_step)
+        parts = read_spans(self._fragments, fragments, spans, columns, cache, last_step, sink)
         if columns is not None:
             schema = pa.schema([schema.field(c) for c in columns])
-        return pa.concat_tables(parts) if parts else schema.empty_table()
+        if sink is not None:
+            schema = pa.schema([f for f in schema if f.name not in sink.columns])
+        return pa.concat_tables(parts) if parts and parts[0].num_columns \
+            else schema.empty_table()
 
     def read_step(self, step: int, rank: int, world_size: int,
                   columns: list[str] | None = None) -> pa.Table:

@@ -26,6 +26,7 @@ from lakestream.plan.mix import runs
 from lakestream.plan.slices import check_rank, check_world, equal_count
 from lakestream.read.cache import FragmentCache
 from lakestream.read.offsets import Readable
+from lakestream.read.tensors import Alloc
 
 Accept = Callable[[pa.Table], bool]
 STALE_COLUMN = "stale"
@@ -357,9 +358,11 @@ class SelectedSteps:
                 "stale_masked": int(choice.stale.sum())}
 
     def read(self, step: int, rank: int, world_size: int,
-             columns: list[str] | None = None) -> pa.Table:
+             columns: list[str] | None = None, *, alloc: Alloc | None = None) -> pa.Table:
         """Rank ``rank`` of ``world_size``'s rows of ``step``: its groups (by tokens with
-        ``balance``), in log order, plus the stale mask with ``on_stale="mask"``."""
+        ``balance``), in log order, plus the stale mask with ``on_stale="mask"``. Tensor
+        columns come in the table (``alloc`` is not used: a policy's groups are many small
+        runs)."""
         choice = self.choice(step)
         g = self.stream.group_size
         ranks = balance_groups(choice.costs, world_size) if self.policy.balance is not None \

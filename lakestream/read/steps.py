@@ -13,6 +13,7 @@ import pyarrow as pa
 from lakestream.plan.mix import MixPlan, SourcePlan, source_key
 from lakestream.read.cache import FragmentCache
 from lakestream.read.offsets import Readable
+from lakestream.read.tensors import Alloc, ColumnSink, Direct, direct_columns
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,9 @@ class Steps(Protocol):
         more (the pacing of the process's shared heads: ``lakestream.log.head``)."""
     def committed(self) -> str: ...
     def read(self, step: int, rank: int, world_size: int,
-             columns: list[str] | None = None) -> pa.Table: ...
+             columns: list[str] | None = None, *, alloc: Alloc | None = None) -> pa.Table:
+        """Rank ``rank``'s rows of ``step``; with ``alloc``, the tensor columns go into the
+        arrays it makes (``MixSteps.read``), where the steps can put them there."""
     def cursors(self, step: int) -> list[int]:
         """Per source, the position a run resuming at ``step`` continues from."""
     def hold_from(self, step: int) -> list[int]:
@@ -137,6 +140,19 @@ class MixSteps:
     """``plan`` over ``streams`` (one per source, in order). A plan made before a source
     was sealed takes its seal into account as soon as a handle sees it."""
 
+    def _sink(self, spans: list[list[tuple[int, int]]], columns: list[str] | None,
+              alloc: Alloc) -> ColumnSink | None:
+        """Arrays for the columns of a step of these spans read directly (tensor columns,
+        and columns of one number a row), made by ``alloc``."""
+        key = None if columns is None else tuple(columns)
+        specs = self._direct.get(key)
+        if specs is None:
+            specs = self._direct[key] = direct_columns(self.streams[0].schema, columns)
+        if not specs:
+            return None
+        rows = sum(hi - lo for s in spans for lo, hi in s)
+        return ColumnSink(specs, {name: alloc(name, rows) for name in specs})
+
     def __init__(self, streams: Sequence[Readable], plan: MixPlan) -> None:
         if len(streams) != len(plan.sources):
             raise ValueError(f"{len(streams)} streams for {len(plan.sources)} sources")
@@ -144,6 +160,7 @@ class MixSteps:
         self._plan = plan
         self.cache = FragmentCache(CACHE_BYTES if plan.shuffle_window is not None
                                    else SEAM_CACHE_BYTES)
+        self._direct: dict[tuple[str, ...] | None, dict[str, Direct]] = {}
         """What this process's reads of the steps share of the sources' fragments, each kept
         until the last step that may read it (``MixPlan.last_step``)."""
 
@@ -213,9 +230,12 @@ class MixSteps:
         return ", ".join(f"{s.num_samples} samples in {s.uri}" for s in self.streams)
 
     def read(self, step: int, rank: int, world_size: int,
-             columns: list[str] | None = None) -> pa.Table:
+             columns: list[str] | None = None, *, alloc: Alloc | None = None) -> pa.Table:
         """Rank ``rank`` of ``world_size``'s rows of ``step``: each source's share, in
-        source order.
+        source order. With ``alloc``, each column of the first source's schema among
+        ``columns`` that is read directly (a tensor column, a column of 32- or 64-bit integers
+        or floats) goes into the ``[rows, nbytes]`` uint8 array ``alloc(name, rows)`` makes
+        (copied from the fragments' bytes: ``lakestream.read.tensors``), not into the table.
 
         Raises:
             StepNotAvailableError: a source has not committed them yet, or reclaimed them.
@@ -223,12 +243,19 @@ class MixSteps:
         plan = self.plan
         what = f"step {step}" if len(self.streams) == 1 else f"step {step} of the mix"
         spans = plan.rank_spans(step, rank, world_size)
+        sink = self._sink(spans, columns, alloc) if alloc is not None else None
         self.cache.begin(step)
         try:
-            parts = [stream.read_offsets(s, columns, what=what, cache=self.cache,
-                                         last_step=partial(plan.last_step, i, step))
-                     for i, (stream, s) in enumerate(zip(self.streams, spans, strict=True))
-                     if s]
+            parts, at = [], 0
+            for i, (stream, s) in enumerate(zip(self.streams, spans, strict=True)):
+                if not s:
+                    continue
+                rows = sum(hi - lo for lo, hi in s)
+                parts.append(stream.read_offsets(
+                    s, columns, what=what, cache=self.cache,
+                    last_step=partial(plan.last_step, i, step),
+                    sink=None if sink is None else sink.part(at, rows)))
+                at += rows
         finally:
             self.cache.end(step)
         if len(parts) == 1:
