@@ -1,7 +1,8 @@
 """Turning a rank's slice of a step (an Arrow table) into tensors.
 
 Default (``collate="padded"``), for a slice of n samples:
-- fixed-width columns (ints, floats, bools) -> a tensor of shape ``[n]``;
+- fixed-width columns (ints, floats, bools) -> a tensor of shape ``[n]``, a null as 0 (False):
+  a field's type never depends on whether a step holds a null;
 - list columns (tokens, log-probs) -> ``name``: ``[n, max_len]`` padded with 0, and
   ``name_lengths``: ``[n]`` (int64); a null list is empty, a null value in one is 0;
 - tensor columns (``lakestream.schema.tensors.tensor_field``: images, audio frames,
@@ -28,7 +29,9 @@ import pyarrow.compute as pc
 import torch
 
 from lakestream.errors import CorruptLogError
+from lakestream.read.tensors import Direct, copy_values
 from lakestream.schema.tensors import TensorSpec, tensor_spec
+from lakestream.store.pool import buffer_pool
 
 Collate = Callable[[pa.Table], Any]
 
@@ -153,41 +156,70 @@ def _bytes(chunks: list[tuple[pa.Buffer | None, np.ndarray, np.ndarray | None]],
     return tensor, _copy(np.concatenate(starts), shared)
 
 
-def _tensor(name: str, chunks: list[tuple[pa.Buffer | None, np.ndarray, np.ndarray | None]],
-            spec: TensorSpec, shared: bool) -> torch.Tensor:
-    """A tensor column as one ``[n, *shape]`` tensor (null rows as zeros).
+def _tensor(name: str, column: pa.ChunkedArray, spec: TensorSpec, shared: bool
+            ) -> torch.Tensor:
+    """A tensor column decoded into an Arrow column, as one ``[n, *shape]`` tensor (null
+    rows as zeros): ``lakestream.read.tensors.copy_values``, one copy.
 
     Raises:
         CorruptLogError: a row that is neither a whole array nor null (a writer that went
             around the producer's checks).
     """
-    n = sum(len(o) - 1 for _, o, _ in chunks)
-    tensor, out = _zeros((n, spec.nbytes), np.dtype(np.uint8), shared)
-    row = 0
-    for data, offsets, valid in chunks:
-        lengths = np.diff(offsets)
-        k = len(lengths)
-        wrong = lengths != spec.nbytes if valid is None else (lengths != spec.nbytes) & valid
-        if wrong.any():
-            raise CorruptLogError(
-                f"column {name} holds a value of {int(lengths[wrong][0])} bytes at row "
-                f"{row + int(np.flatnonzero(wrong)[0])}; its {spec.shape} {spec.dtype} tensors "
-                f"are {spec.nbytes} bytes")
-        a = int(offsets[0])
-        # Checked above: without nulls every row is a whole array (the common case: one
-        # copy); with them, only the rows of non-zero length are copied.
-        if data is not None and valid is None:
-            out[row:row + k] = np.frombuffer(data, np.uint8, k * spec.nbytes, a).reshape(
-                k, spec.nbytes)
-        elif data is not None:
-            for j in np.flatnonzero(lengths).tolist():
-                start = int(offsets[j])
-                out[row + j] = np.frombuffer(data, np.uint8, spec.nbytes, start)
-        row += k
+    n = len(column)
+    tensor, out = _zeros((n, spec.nbytes), np.dtype(np.uint8), shared) if shared else \
+        _empty((n, spec.nbytes))
+    copy_values(column, Direct(spec.nbytes, True, "BYTE_ARRAY", "uint8"), out, name)
+    return typed(tensor, spec)
+
+
+def _empty(shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
+    tensor = torch.empty(shape, dtype=torch.uint8)
+    return tensor, tensor.numpy()
+
+
+def typed(tensor: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+    """``[n, nbytes]`` uint8 ``tensor`` as the ``[n, *shape]`` tensor of the spec's dtype
+    (a view: no copy)."""
+    n = tensor.shape[0]
     if spec.dtype == "bfloat16":
         return tensor.view(torch.int16).view(torch.bfloat16).view(n, *spec.shape)
-    kind = torch.from_numpy(np.empty(0, spec.numpy_dtype)).dtype
-    return tensor.view(kind).view(n, *spec.shape)
+    return tensor.view(_TORCH_DTYPES[spec.dtype]).view(n, *spec.shape)
+
+
+_TORCH_DTYPES = {name: torch.from_numpy(np.empty(0, name)).dtype
+                 for name in ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16",
+                              "float32", "float64", "bool")}
+
+
+class ColumnArrays:
+    """The arrays a step's read puts the columns it reads directly in (``Steps.read``'s
+    ``alloc``: tensor columns, and columns of one number a row), each made as the batch is
+    delivered from: in shared memory in a DataLoader worker, pinned for a GPU, plain
+    otherwise. The batch's tensors are these arrays, typed: the read's copy from the
+    fragment's bytes is the only one.
+
+    ``columns`` maps each such column to how it is read and, for a tensor column, its spec
+    (None: one number a row)."""
+
+    def __init__(self, columns: dict[str, tuple[Direct, TensorSpec | None]], *, shared: bool,
+                 pinned: bool) -> None:
+        self.columns, self.shared, self.pinned = columns, shared, pinned
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def __call__(self, name: str, rows: int) -> np.ndarray:
+        direct, spec = self.columns[name]
+        shape = (rows, direct.nbytes)
+        if self.shared:
+            tensor, view = _zeros(shape, np.dtype(np.uint8), True)
+        elif self.pinned:  # torch's pinned allocator keeps and reuses its blocks
+            tensor = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+            view = tensor.numpy()
+        else:  # a block the reader fills again once the batch is let go: no fresh pages
+            view = buffer_pool().array(shape[0] * shape[1]).reshape(shape)
+            tensor = torch.from_numpy(view)
+        self.tensors[name] = typed(tensor, spec) if spec is not None else \
+            tensor.view(_TORCH_DTYPES[np.dtype(direct.dtype).name]).view(rows)
+        return view
 
 
 def collate_table(table: pa.Table, mode: str = "padded", *,
@@ -219,12 +251,13 @@ def collate_table(table: pa.Table, mode: str = "padded", *,
             except ValueError as e:  # the schema came from the store: damage, not a bug
                 raise CorruptLogError(f"the stream's schema: {e}") from None
             if spec is not None:
-                out[field.name] = _tensor(field.name, _binary_chunks(col), spec, shared)
+                out[field.name] = _tensor(field.name, col, spec, shared)
             else:
                 out[field.name], out[f"{field.name}_offsets"] = _bytes(_binary_chunks(col),
                                                                         shared)
-        elif (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) \
-                and not col.null_count:
+        elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            if col.null_count:  # the rule of every step, not only those holding a null
+                col = col.fill_null(pa.scalar(False if pa.types.is_boolean(t) else 0, t))
             out[field.name] = _copy(col.to_numpy(), shared)
         else:
             out[field.name] = col.to_pylist()

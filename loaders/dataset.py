@@ -12,12 +12,13 @@ import json
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakestream.errors import LakestreamError, PermissionDeniedError
-from lakestream.loaders.collate import Collate, collate_table
+from lakestream.loaders.collate import Collate, ColumnArrays, collate_table
 from lakestream.loaders.device import Delivery, check_delivery
 from lakestream.loaders.host import default_prefetch, default_read_threads, quick_gil_handoff
 from lakestream.loaders.planning import resolve_rank, worker_steps
@@ -38,6 +39,8 @@ from lakestream.loaders.resume import (
 from lakestream.log.entries import check_group
 from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
 from lakestream.read.steps import Source, Steps, check_columns, mix_steps, stream_steps
+from lakestream.read.tensors import direct_columns
+from lakestream.schema.tensors import tensor_spec
 from lakestream.stream import Stream
 
 log = logging.getLogger("lakestream")
@@ -287,7 +290,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                             prefetch=default_prefetch(threads) if self.prefetch is None
                             else self.prefetch, threads=threads,
                             timeout=self.timeout, stop=self.stop,
-                            finish=self._finisher(not in_process, delivery))
+                            finish=self._finisher(not in_process, delivery),
+                            arrays=self._arrays(not in_process, delivery))
         self.last_reader = reader
         if self.group is not None and self.rank == 0 and worker == 0:
             self._register()
@@ -312,15 +316,18 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 self.start_step, self._worker_next = step + 1, step + workers
             yield item
 
-    def _finisher(self, shared: bool, delivery: Delivery) -> Callable[[int, Any], Any]:
+    def _finisher(self, shared: bool, delivery: Delivery
+                  ) -> Callable[[int, Any, dict[str, Any]], Any]:
         """What a read thread makes of a step's slice: the batch, collated (in shared memory
         in a worker), with its step and counts, transformed, delivered."""
         collate, transform, step_key, steps = self.collate, self.transform, self.step_key, \
             self.mix
 
-        def finish(step: int, table: Any) -> Any:
+        def finish(step: int, table: Any, tensors: dict[str, Any]) -> Any:
             item = collate(table) if callable(collate) else collate_table(table, collate,
                                                                           shared=shared)
+            if tensors:
+                item.update(tensors)
             if isinstance(item, dict):
                 item[step_key] = step
                 counts = steps.counts(step)
@@ -331,6 +338,22 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             return delivery.prepare(item)
 
         return finish
+
+    def _arrays(self, shared: bool, delivery: Delivery) -> Callable[[], ColumnArrays] | None:
+        """What makes a step's arrays for the columns it reads directly (tensor columns,
+        columns of one number a row), read straight into them (in shared memory in a
+        worker, pinned where the batch is delivered pinned or to a GPU); None where the
+        dataset's own collation does not make the batch (a callable ``collate`` takes the
+        table whole) or there is no such column."""
+        if callable(self.collate):
+            return None
+        schema = self.stream.schema
+        direct = direct_columns(schema, self.columns)
+        if not direct:
+            return None
+        columns = {n: (d, tensor_spec(schema.field(n)) if d.prefixed else None)
+                   for n, d in direct.items()}
+        return partial(ColumnArrays, columns, shared=shared, pinned=delivery.pin)
 
     def _register(self) -> None:
         """Registers the group, on each source the log of which does not know it yet, where

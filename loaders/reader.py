@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
+from lakestream.loaders.collate import ColumnArrays
 from lakestream.read.cache import FragmentCache
 from lakestream.read.steps import MixSteps, Steps
 from lakestream.stream import Stream
@@ -40,22 +41,27 @@ class StepReader:
     Iteration stops at a step past the end of a mix (a sealed source ran out), or at the
     first step still waited for once ``stop`` is set.
 
-    ``finish(step, table)``, if given, runs in the same thread right after a step's slice is
-    decoded (collation, a transform, pinning), and ``read`` yields what it returns.
+    ``finish(step, table, tensors)``, if given, runs in the same thread right after a step's
+    slice is decoded (collation, a transform, pinning), and ``read`` yields what it returns.
+    With ``arrays``, each step's read first makes the arrays its tensor columns go into
+    (``ColumnArrays``: pinned, shared or plain memory) and reads them straight there, and
+    ``tensors`` are those arrays as tensors; else they are in the table, and ``tensors`` is
+    empty.
     """
 
     def __init__(self, steps: Stream | Steps, rank: int, world_size: int, *,
                  columns: list[str] | None = None, prefetch: int = 4, threads: int = 2,
                  timeout: float | None = None, poll_min_s: float = 0.001,
                  poll_max_s: float = 0.5, stop: Stop | None = None,
-                 finish: Callable[[int, pa.Table], Any] | None = None) -> None:
+                 finish: Callable[[int, pa.Table, dict[str, Any]], Any] | None = None,
+                 arrays: Callable[[], ColumnArrays] | None = None) -> None:
         if prefetch < 0 or threads < 1:
             raise ValueError("prefetch must be >= 0 and threads >= 1")
         self.steps: Steps = MixSteps.single(steps) if isinstance(steps, Stream) else steps
         self.rank, self.world_size = rank, world_size
         self.columns, self.prefetch, self.threads = columns, prefetch, threads
         self.timeout, self.poll_min_s, self.poll_max_s = timeout, poll_min_s, poll_max_s
-        self.stop, self.finish = stop, finish
+        self.stop, self.finish, self.arrays = stop, finish, arrays
         cache = getattr(self.steps, "cache", None)
         if isinstance(cache, FragmentCache):  # steps begun out of order, up to prefetch
             cache.expect_overtaking(prefetch)
@@ -67,8 +73,10 @@ class StepReader:
 
     def _read(self, step: int) -> tuple[Any, float]:
         t0 = time.perf_counter()
-        table = self.steps.read(step, self.rank, self.world_size, self.columns)
-        item = table if self.finish is None else self.finish(step, table)
+        arrays = self.arrays() if self.arrays is not None else None
+        table = self.steps.read(step, self.rank, self.world_size, self.columns, alloc=arrays)
+        item = table if self.finish is None else \
+            self.finish(step, table, arrays.tensors if arrays is not None else {})
         return item, time.perf_counter() - t0
 
     def wait_visible(self, step: int) -> bool:
