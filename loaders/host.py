@@ -2,11 +2,11 @@
 
 A data-parallel job runs one trainer process per GPU: ``LOCAL_WORLD_SIZE`` of them (set by
 torchrun) share the cores this process may run on. Each keeps one core for its own training
-loop and reads with the rest of its share: on a 16-core host with one GPU that is 15 read
-threads; on 96 cores and 8 GPUs, 11 per rank; on a 2-core machine, 1. More threads than
-that take the training loop's core away from it at every scheduler tick: on 2 cores, 2 read
-threads made a 32 ms training step wait 4-8 ms for its batch one step in two, 1 thread one
-step in twenty (``bench/gpu.py --stand-in``).
+loop and reads with the rest of its share, up to ``MAX_READ_THREADS``: on a 16-core host with
+one GPU that is 8 read threads; on 96 cores and 8 GPUs, 8 per rank; on a 2-core machine, 1.
+More threads than the share take the training loop's core away from it at every scheduler
+tick: on 2 cores, 2 read threads made a 32 ms training step wait 4-8 ms for its batch one step
+in two, 1 thread one step in twenty (``bench/gpu.py --stand-in``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ import threading
 from collections.abc import Iterator
 
 MIN_READ_THREADS = 1
-MAX_READ_THREADS = 32
-"""Past this, one process's threads contend for the GIL more than they decode."""
+MAX_READ_THREADS = 8
+"""Past this, one process's threads hold the GIL most of the time and more deliver less: on a
+16-core host, batches of 64 raw images, 1 thread read 2.5 GB/s, 4 6.2, 8 6.7 and 15 6.5 GB/s
+at 1.2x the CPU per GB of 8, the GIL held 74% of the time at 8 and 94% at 15
+(``bench/ceiling.py``, ``bench/results/ceiling-raw-h200.json``)."""
 
 
 def usable_cores() -> int:

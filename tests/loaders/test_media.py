@@ -141,12 +141,14 @@ def test_a_transform_that_is_not_callable_is_refused(tmp_path: Path) -> None:
 def test_read_threads_follow_the_cores_and_the_ranks_sharing_them(monkeypatch) -> None:
     monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 16)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert default_read_threads() == 15
+    assert default_read_threads() == 8  # past 8, more threads read less (MAX_READ_THREADS)
     assert default_read_threads(workers=4) == 3
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert default_read_threads() == 1
     monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 96)
-    assert default_read_threads() == 11
+    assert default_read_threads() == 8
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")
+    assert default_read_threads() == 5
     monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert default_read_threads() == 1  # the other core runs the training loop
@@ -228,3 +230,50 @@ def test_malformed_tensor_metadata_read_from_the_store_is_corrupt_not_a_crash() 
     table = pa.Table.from_arrays([pa.array([b"\x00"])], schema=pa.schema([field]))
     with pytest.raises(CorruptLogError, match="the stream's schema: column x"):
         collate_table(table)
+
+
+def test_a_tensor_column_is_read_straight_into_the_batch_tensor(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """One copy from the fragment's bytes to the batch: the tensor the loader yields is the
+    array the read copied the rows into, not a copy of it."""
+    import lakestream.read.spans as spans
+
+    uri, images = _image_stream(tmp_path, n=64, batch=16)
+    filled: set[int] = set()
+    copy_rows = spans.copy_rows
+
+    def recorded(buf: Any, values: Any, start: int, stop: int, out: np.ndarray) -> None:
+        filled.add(out.ctypes.data)
+        copy_rows(buf, values, start, stop, out)
+
+    monkeypatch.setattr(spans, "copy_rows", recorded)
+    seen = list(StreamDataset(uri, group=None, max_steps=4))
+    assert [b["step"] for b in seen] == [0, 1, 2, 3]
+    for b in seen:
+        assert b["image"].data_ptr() in filled and b["label"].data_ptr() in filled
+        assert np.array_equal(b["image"].numpy(), images[b["step"] * 16:b["step"] * 16 + 16])
+        assert b["label"].tolist() == list(range(b["step"] * 16, b["step"] * 16 + 16))
+
+
+def test_a_numeric_column_is_a_tensor_in_every_step_nulls_or_not(tmp_path: Path) -> None:
+    """A null in a number column reads as 0 (False): a batch's fields have one type whichever
+    steps hold a null, for the widths read straight from the file and the others alike."""
+    schema = pa.schema([pa.field("a", pa.int64()), pa.field("b", pa.int8()),
+                        pa.field("c", pa.float32()), pa.field("d", pa.bool_())])
+    uri = str(tmp_path / "s")
+    stream = lakestream.create(uri, schema, global_batch_size=4)
+    stream.append(pa.table({"a": [1, 2, 3, 4], "b": [1, 2, 3, 4], "c": [1.0, 2, 3, 4],
+                            "d": [True] * 4}, schema=schema))
+    stream.append(pa.table({"a": [5, None, 7, 8], "b": [None, 6, 7, 8],
+                            "c": [5.0, 6, None, 8], "d": [True, True, True, None]},
+                           schema=schema))
+    for batches in (list(StreamDataset(uri, group=None, max_steps=2)),
+                    list(StreamLoader(StreamDataset(uri, group=None, max_steps=2),
+                                      num_workers=2))):
+        first, second = batches
+        for name in "abcd":
+            assert isinstance(second[name], torch.Tensor)
+            assert second[name].dtype == first[name].dtype and second[name].shape == (4,)
+        assert second["a"].tolist() == [5, 0, 7, 8] and second["b"].tolist() == [0, 6, 7, 8]
+        assert second["c"].tolist() == [5.0, 6.0, 0.0, 8.0]
+        assert second["d"].tolist() == [True, True, True, False]
