@@ -208,9 +208,17 @@ class S3Store:
         _claim_runtime(self.uri)
         settings = _client_settings(self.options)
         try:
-            self._store = _ObS3Store(bucket, prefix=self.prefix or None, **settings)
+            self._client = _ObS3Store(bucket, prefix=self.prefix or None, **settings)
         except (_ObUnknownKey, _ObError) as e:
             raise _bad_options(uri, settings["config"], e) from None
+
+    @property
+    def _store(self) -> Any:
+        """The client, in the process that made it. A forked child (a DataLoader worker
+        handed the parent's dataset) refuses with ``_claim_runtime``'s error: the client's
+        runtime threads are not there, and its first request would wait for ever."""
+        _claim_runtime(self.uri)
+        return self._client
 
     @property
     def uri(self) -> str:

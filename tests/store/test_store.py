@@ -151,6 +151,37 @@ def test_a_forked_child_of_an_s3_user_is_told_to_spawn(s3_options: dict[str, str
     child.join(60)
 
 
+def _use_in_child(store: Any, out: Any) -> None:
+    try:
+        store.get("x")
+        out.put("read")
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        out.put(f"{type(e).__name__}: {e}")
+
+
+def test_a_store_made_before_fork_is_refused_in_the_child(s3_options: dict[str, str]) -> None:
+    # A forked DataLoader worker reuses the dataset's store, built in the parent: the check
+    # at construction never ran in the child, and its first request hung for ever.
+    import multiprocessing as mp
+
+    from tests.conftest import BUCKET
+
+    store = open_store(f"s3://{BUCKET}/forked-store", s3_options)
+    store.put("x", b"1")
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_use_in_child, args=(store, out))
+    child.start()
+    try:
+        said = out.get(timeout=60)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    assert said.startswith("LakestreamError") and "spawn" in said, said
+    assert store.get("x") == b"1"  # the parent's client still works
+
+
 def test_an_unknown_s3_option_is_named(s3_options: dict[str, str]) -> None:
     from tests.conftest import BUCKET
 
