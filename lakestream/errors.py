@@ -20,7 +20,9 @@ class StoreError(LakestreamError):
 
 
 class TooLargeError(LakestreamError, ValueError):
-    """A stored object is larger than an object of its kind may be: read no further."""
+    """A stored object is larger than an object of its kind may be (read no further), or a
+    write is larger than the producer's options allow (``max_fragment_bytes``,
+    ``max_sample_bytes``: nothing was written; split or drop it)."""
 
 
 class PermissionDeniedError(LakestreamError):

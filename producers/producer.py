@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 from zlib_ng import zlib_ng
 
-from lakestream.errors import LakestreamError
+from lakestream.errors import LakestreamError, TooLargeError
 from lakestream.failpoints import failpoint
 from lakestream.log.entries import (
     Entry,
@@ -172,13 +172,13 @@ class Producer:
                           f"producer {self.producer_id}")
         nbytes = table.nbytes
         if nbytes > self.options.max_fragment_bytes:
-            raise ValueError(f"producer {self.producer_id}: a fragment of {nbytes} bytes "
+            raise TooLargeError(f"producer {self.producer_id}: a fragment of {nbytes} bytes "
                              f"exceeds max_fragment_bytes={self.options.max_fragment_bytes}; "
                              "split the write")
         oversized = oversized_sample(table, self.options.max_sample_bytes)
         if oversized is not None:
             row, size = oversized
-            raise ValueError(f"producer {self.producer_id}: sample {row} of the write is about "
+            raise TooLargeError(f"producer {self.producer_id}: sample {row} of the write is about "
                              f"{size} bytes, over max_sample_bytes="
                              f"{self.options.max_sample_bytes}; drop or truncate it")
         if state is not None:

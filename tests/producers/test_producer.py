@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import lakestream
-from lakestream.errors import ProducerFencedError, SchemaMismatchError
+from lakestream.errors import ProducerFencedError, SchemaMismatchError, TooLargeError
 from lakestream.log.progress import progress_key, publish_progress
 from lakestream.ops.status import status
 from lakestream.producers import Producer, ProducerOptions
@@ -62,7 +62,7 @@ def test_bad_writes_raise_at_once_and_upload_nothing(tmp_path) -> None:
             p.write(rows(0, 3))
         with pytest.raises(ValueError, match="positive multiple"):
             p.write(rows(0, 0))
-        with pytest.raises(ValueError, match="exceeds max_fragment_bytes=1000"):
+        with pytest.raises(TooLargeError, match="exceeds max_fragment_bytes=1000"):
             p.write(rows(0, 200))
         with pytest.raises(TypeError, match="JSON-serialisable"):
             p.write(rows(0, 2), state={"cursor": object()})

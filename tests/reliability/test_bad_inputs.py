@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import lakestream
-from lakestream.errors import SchemaMismatchError
+from lakestream.errors import SchemaMismatchError, TooLargeError
 from lakestream.producers import Producer, ProducerOptions
 from lakestream.schema.conform import finite
 from tests.helpers import SCHEMA, rows
@@ -56,7 +56,7 @@ def test_an_oversized_sample_is_refused_naming_it(tmp_path) -> None:
     big = rows(0, 4).set_column(1, "tokens", pa.array(
         [[1], [2], list(range(5000)), [3]], pa.list_(pa.int32())))
     with Producer(s.uri, "p", options=ProducerOptions(max_sample_bytes=10_000)) as p:
-        with pytest.raises(ValueError, match="sample 2 of the write is about 20.* bytes, over "
+        with pytest.raises(TooLargeError, match="sample 2 of the write is about 20.* bytes, over "
                                              "max_sample_bytes=10000"):
             p.write(big)
         version = p.stream.version
