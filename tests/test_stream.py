@@ -139,5 +139,10 @@ def test_bad_schemas_are_refused(tmp_path, schema, match) -> None:
 def test_bad_batch_and_group_sizes_are_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="global_batch_size"):
         lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=0)
+    for size in (2**40, True):  # a typo no producer fills: readers waited for ever
+        with pytest.raises(ValueError, match="global_batch_size must be an int from 1 to "
+                                             "16,777,216"):
+            lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=size)
+    assert not (tmp_path / "s").exists()
     with pytest.raises(ValueError, match="group_size"):
         lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=8, group_size=3)

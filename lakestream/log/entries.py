@@ -39,6 +39,10 @@ REOPEN_IDLE_S = TOMBSTONE_TTL_S / 4
 """A handle whose view no read has confirmed at the log's head for this long reopens from
 the newest snapshot before it reads the log or commits: the tombstone after its view may
 be gone by then."""
+MAX_GLOBAL_BATCH_SIZE = 1 << 24
+"""Samples a step may hold (16,777,216): a global batch is read into memory whole by the
+ranks together, and a size past this is a typo (``2**40``) that left readers waiting for a
+first step no producer would ever fill."""
 MAX_ENTRY_BYTES = 32 << 20
 """The largest log entry written or read: 10,000 fragments (a commit's most) take ~5 MB, a
 producer's state the rest. A larger one is refused as damage, so no entry costs an opener
@@ -188,9 +192,10 @@ class StreamMeta:
 
     def __post_init__(self) -> None:
         b, g = self.global_batch_size, self.group_size
-        if not isinstance(b, int) or b < 1:
-            raise ValueError(f"global_batch_size must be a positive int, got {b!r}")
-        if not isinstance(g, int) or g < 1 or b % g:
+        if not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= MAX_GLOBAL_BATCH_SIZE:
+            raise ValueError(f"global_batch_size must be an int from 1 to "
+                             f"{MAX_GLOBAL_BATCH_SIZE:,} (samples a step), got {b!r}")
+        if not isinstance(g, int) or isinstance(g, bool) or g < 1 or b % g:
             raise ValueError(f"group_size must be a positive int dividing {b}, got {g!r}")
         k = self.snapshot_interval
         if not isinstance(k, int) or k < 1:
