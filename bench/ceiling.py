@@ -1,7 +1,7 @@
 """The in-process loader's own ceiling on the CPU: a null consumer reading a stream at the
 defaults and at 1, 2, 4, 8 and 15 read threads, and how long its threads hold the GIL.
 
-Usage: .venv/bin/python bench/ceiling.py [--reps 3] [--batches 48] [--kind raw|tokens]
+Usage: .venv/bin/python bench/ceiling.py [--reps 3] [--batches 160] [--kind raw|tokens]
 Writes bench/results/ceiling-<kind>.json and .png.
 
 ``raw``: batches of 64 raw 224x224x3 ``uint8`` images in a tensor column; ``tokens``: batches
@@ -53,12 +53,12 @@ if kind == "colocated":
                                          multiprocessing_context="spawn")
 else:
     kw = {} if threads == "default" else {"read_threads": int(threads)}
-    loader = StreamDataset(uri, group=None, timeout=60.0, **kw)
+    loader = StreamDataset(uri, group=None, timeout=60.0, max_steps=int(sys.argv[9]), **kw)
 it = iter(loader)
 next(it)  # warm: threads started, footers cached, the pool made
 spy = None
 if gil != "-":
-    spy = subprocess.Popen(["py-spy", "record", "--gil", "--idle", "--threads", "--format", "raw",
+    spy = subprocess.Popen(["py-spy", "record", "--gil", "--threads", "--format", "raw",
                             "--rate", sys.argv[8], "--nonblocking", "--pid", str(os.getpid()),
                             "-o", gil], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached
@@ -77,7 +77,7 @@ print(json.dumps({"batches": batches, "seconds": dt, "gb": gb, "gb_per_s": gb / 
 
 
 def _gil_seconds(path: str, seconds: float) -> dict[str, float]:
-    """Seconds the GIL was held in a py-spy ``--gil --idle --threads`` raw profile, by the
+    """Seconds the GIL was held in a py-spy ``--gil --threads`` raw profile, by the
     read threads and in all (each sample is ``1 / SAMPLE_HZ`` s). With ``--gil`` py-spy
     records a sample only for the thread that holds the GIL, so samples over the rate and
     the window are the share of time it was held."""
@@ -86,18 +86,22 @@ def _gil_seconds(path: str, seconds: float) -> dict[str, float]:
         stack, _, count = line.rpartition(" ")
         n = int(count)
         held += n
-        if "lakestream-read" in stack.split(";", 2)[1] if ";" in stack else False:
+        if "lakestream-read" in stack.split(";", 1)[0]:  # "thread (tid): name;frames..."
             readers += n
     return {"gil_s": held / SAMPLE_HZ, "gil_s_readers": readers / SAMPLE_HZ,
             "gil_share": held / SAMPLE_HZ / seconds}
 
 
 def _run(kind: str, uri: str, threads: str, gil: str | None, bytes_per_batch: float,
-         config: dict[str, Any] | None = None) -> dict[str, Any]:
+         config: dict[str, Any]) -> dict[str, Any]:
     args = [sys.executable, "-c", CHILD, kind, uri, threads, gil or "-",
-            str(Path(__file__).resolve().parent), str(bytes_per_batch), json.dumps(config or {}),
-            str(SAMPLE_HZ)]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=900)
+            str(Path(__file__).resolve().parent), str(bytes_per_batch), json.dumps(config),
+            str(SAMPLE_HZ), str(config["batches"])]
+    # Run from bench/: ``-c`` puts the working directory first on sys.path, and from the
+    # repository's root that finds the source folder lakestream/ (without its loaders)
+    # before an installed copy.
+    out = subprocess.run(args, capture_output=True, text=True, timeout=900,
+                         cwd=Path(__file__).resolve().parent)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} {threads}: {out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -168,7 +172,7 @@ def _stream(root: str, kind: str, batches: int) -> tuple[str, float, dict[str, A
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--batches", type=int, default=48)
+    ap.add_argument("--batches", type=int, default=160)
     ap.add_argument("--kind", choices=("raw", "tokens"), default="raw")
     ap.add_argument("--threads", nargs="+", default=["default", *map(str, THREADS)])
     args = ap.parse_args()

@@ -24,12 +24,16 @@ Lakestream's ``transform=`` (in its read threads or workers), with PIL per sampl
 colocated-samples ``__getitem__``, per batch elsewhere (torchvision's CPU decoder where it
 imports, else PIL).
 
-Two trainers:
+Three trainers:
+  ``--trainer null``: only copies each batch to the GPU (to a tensor on the CPU with
+      ``--stand-in``) and reduces it, so that each loader runs at its own ceiling (with
+      synthetic batches, the copy engine's);
   ``--stand-in`` (CPU): per batch, the main thread touches the batch, then runs tiny torch
       CPU ops (dispatch-bound, as a CUDA training loop's main thread is) for ``--step-ms``
       (``--step-kind time``), or for as many ops as take that long on an idle machine
       (``work``: contention from the loader then slows the steps too);
-  default (CUDA): ViT-S/16 (timm's if it imports, else one written here) in bf16 autocast
+  default (CUDA): ViT-S/16 (``--model``: a timm ViT by name, ``vit_tiny_patch16_224``
+      asks for more images a second; one written here where timm is missing) in bf16 autocast
       with fused AdamW, batches copied ``non_blocking`` from pinned memory (pinned by the
       DataLoaders' pin thread; by in-process Lakestream's read threads, ``pin_memory=True``,
       or copied to the GPU there with ``--device-copy``); ``--lm``: a GPT-2-small-sized
@@ -44,8 +48,9 @@ its steps over the synthetic run's (below 1: the loader's threads took the GIL o
 from it). The producer's CPU-s per GB of raw image bytes is measured while writing.
 
 Usage: .venv-bench/bin/python bench/gpu.py --stand-in [--jpeg] [--reps 3]
-       python bench/gpu.py [--jpeg | --lm]   (on a CUDA machine)
-Writes bench/results/gpu_standin[_jpeg|_lm].json and .png (gpu[_jpeg|_lm] with CUDA); while
+       python bench/gpu.py [--jpeg | --lm] [--trainer null | --model NAME]   (CUDA)
+Writes bench/results/gpu_standin[_jpeg|_lm].json and .png (gpu[_jpeg|_lm] with CUDA; a
+``_null`` or ``_<model>`` before the suffix for those trainers); while
 it runs, ``<that>.partial.json`` holds the measurements so far.
 """
 
@@ -266,6 +271,8 @@ def stream_dataset(config: dict[str, Any], *, in_process: bool,
     kw: dict[str, Any] = {"group": None, "max_steps": config["batches"], "timeout": 600.0}
     if config["kind"] == "jpeg" and not gpu_decode:
         kw["transform"] = images.DecodeJpeg()
+    if in_process and config.get("read_threads"):
+        kw["read_threads"] = config["read_threads"]
     if in_process and not config["stand_in"]:
         if config["device_copy"]:
             kw["device"] = "cuda"
@@ -464,8 +471,10 @@ class CudaTrainer:
             try:
                 import timm
 
-                model = timm.create_model("vit_small_patch16_224", num_classes=1000)
+                model = timm.create_model(config["model"], num_classes=1000)
             except ImportError:
+                if config["model"] != "vit_small_patch16_224":
+                    raise
                 model = ViT()
         self.model = model.cuda().train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
@@ -489,12 +498,42 @@ class CudaTrainer:
         torch.cuda.synchronize()
 
 
+class NullTrainer:
+    """Only what any trainer does with a batch: its samples copied to the GPU
+    (``non_blocking``, from pinned memory) and reduced, the step waited for so that the
+    loader may fill the batch's memory again; with ``--stand-in``, copied into a tensor of
+    the CPU instead. What it takes a second is the loader's own ceiling."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config, self.cuda = config, not config["stand_in"]
+        self.total = torch.zeros((), dtype=torch.float64,
+                                 device="cuda" if self.cuda else "cpu")
+        self.into: torch.Tensor | None = None
+
+    def step(self, batch: Any) -> None:
+        samples = check(self.config, batch)
+        if self.cuda:
+            x = samples.cuda(non_blocking=True)
+            self.total += x.view(-1)[::4096].sum(dtype=torch.float64)
+            torch.cuda.current_stream().synchronize()
+        else:
+            if self.into is None:
+                self.into = torch.empty_like(samples)
+            self.into.copy_(samples)
+            self.total += self.into.view(-1)[::4096].sum(dtype=torch.float64)
+
+    def finish(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
 # -- one measurement -----------------------------------------------------------------------
 
 def measure(config: dict[str, Any], name: str) -> dict[str, Any]:
     """Loader ``name`` feeding the trainer for ``warmup + steps`` batches; the figures are
     over the ``steps`` after the warm-up (worker start-up excluded)."""
-    trainer: StandIn | CudaTrainer = StandIn(config) if config["stand_in"] \
+    trainer: StandIn | CudaTrainer | NullTrainer = NullTrainer(config) \
+        if config["trainer"] == "null" else StandIn(config) if config["stand_in"] \
         else CudaTrainer(config)
     loader, setup = make_loader(config, name)
     it = iter(loader)
@@ -591,19 +630,26 @@ def public(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in ("uri", "files", "mds")}
 
 
-def ratios(runs: list[dict[str, Any]], reps: int) -> dict[str, dict[str, float]]:
-    """Lakestream (in process) over colocated-samples, per repetition, summarised."""
-    def of(name: str, key: str) -> list[float]:
-        return [next(r[key] for r in runs if r["loader"] == name and r["rep"] == k)
-                for k in range(reps)]
+PEERS = ("colocated-samples", "colocated-batches", "mosaic-streaming")
 
+
+def ratios(runs: list[dict[str, Any]], reps: int) -> dict[str, dict[str, float]]:
+    """Lakestream's rates (in process, and in DataLoader workers) over each peer's, and over
+    the best peer's of the same repetition, summarised over the repetitions."""
+    def of(name: str, k: int) -> float:
+        return next(r["samples_per_s"] for r in runs if r["loader"] == name and r["rep"] == k)
+
+    present = {r["loader"] for r in runs}
+    peers = [p for p in PEERS if p in present]
     out = {}
     for ours in ("lakestream", "lakestream-loader"):
-        if any(r["loader"] == ours for r in runs) and \
-                any(r["loader"] == "colocated-samples" for r in runs):
-            out[f"{ours} / colocated-samples"] = spread(
-                [a / b for a, b in zip(of(ours, "samples_per_s"),
-                                       of("colocated-samples", "samples_per_s"), strict=True)])
+        if ours not in present:
+            continue
+        for peer in peers:
+            out[f"{ours} / {peer}"] = spread([of(ours, k) / of(peer, k) for k in range(reps)])
+        if len(peers) > 1:
+            out[f"{ours} / best peer"] = spread(
+                [of(ours, k) / max(of(p, k) for p in peers) for k in range(reps)])
     return out
 
 
@@ -657,7 +703,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         a.set_ylabel(f"{label} (median, min-max)")
         a.grid(axis="y", alpha=0.3)
     c, m = result["config"], result["machine"]
-    trainer = "CPU stand-in trainer" if c["stand_in"] else m.get("gpu", "CUDA")
+    trainer = ("null trainer, " if c.get("trainer") == "null" else "") + (
+        "CPU stand-in" if c["stand_in"] else m.get("gpu", "CUDA"))
     ax.set_title(f"{c['kind']} batches of {c['batch']}, {trainer}, {m['cores']} cores")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -676,7 +723,13 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=32.0, help="stand-in step time")
     p.add_argument("--step-kind", choices=("time", "work"), default="time",
                    help="stand-in step: fixed wall time, or fixed ops (slowed by contention)")
+    p.add_argument("--trainer", choices=("model", "null"), default="model",
+                   help="null: copy each batch to the GPU and reduce it, nothing else")
+    p.add_argument("--model", default="vit_small_patch16_224",
+                   help="the timm vision model the CUDA trainer trains")
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers")
+    p.add_argument("--read-threads", type=int,
+                   help="in-process Lakestream's read threads (default: its own default)")
     p.add_argument("--device-copy", action="store_true",
                    help="CUDA: in-process Lakestream copies to the GPU in its read threads")
     p.add_argument("--peers", choices=("auto", "on", "off"), default="auto",
@@ -715,10 +768,14 @@ def main() -> None:
         "stand_in": args.stand_in, "kind": kind, "batch": batch, "seq": args.seq,
         "steps": args.steps, "warmup": args.warmup, "batches": args.steps + args.warmup,
         "workers": args.workers, "device_copy": args.device_copy, "step_ms": args.step_ms,
-        "step_kind": args.step_kind,
+        "step_kind": args.step_kind, "trainer": args.trainer, "model": args.model,
+        "read_threads": args.read_threads,
         "step_iters": calibrate(args.step_ms) if args.stand_in else 0}
-    stem = ("gpu_standin" if args.stand_in else "gpu") + {"raw": "", "jpeg": "_jpeg",
-                                                           "tokens": "_lm"}[kind]
+    stem = ("gpu_standin" if args.stand_in else "gpu") + (
+        "_null" if args.trainer == "null" else "" if args.stand_in or args.lm
+        or args.model == "vit_small_patch16_224" else f"_{args.model}") + (
+        f"_t{args.read_threads}" if args.read_threads else "") + {
+        "raw": "", "jpeg": "_jpeg", "tokens": "_lm"}[kind]
     partial = RESULTS / f"{stem}.partial.json"
     root = tempfile.mkdtemp(prefix="lakestream-gpu-", dir=args.root or data_dir(config))
     result: dict[str, Any] = {"command": " ".join(["bench/gpu.py", *sys.argv[1:]]),

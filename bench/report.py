@@ -488,6 +488,30 @@ def _sft_mix_section(sft: dict[str, Any]) -> list[str]:
     return out
 
 
+def _ceiling_section(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """``bench/ceiling.py``'s runs: per setting GB/s, CPU-s per GB and the GIL's share."""
+    out = ["## The in-process loader's own ceiling (`bench/ceiling.py`)", "",
+           "A null consumer iterating `StreamDataset(uri, group=None)` in its own process over "
+           "a stream on tmpfs, at the defaults and at 1-15 read threads, each setting in a "
+           "fresh process, repetitions interleaved; medians (min-max). GIL seconds per GB "
+           "from one more pass under `py-spy record --gil`, and the in-process ceiling that "
+           "implies (1 / those seconds).", ""]
+    for title, r in runs:
+        out += [f"{title}, batches of 64, {r['batches']} batches, {r['reps']} repetitions, "
+                f"{r['cores']} cores (`bench/results/ceiling-{r['kind']}.json`):", "",
+                "| setting | GB/s | CPU-s per GB | CPU / 1 thread | GIL s per GB | implied "
+                "ceiling GB/s |", "| --- | --- | --- | --- | --- | --- |"]
+        for x in r["rows"]:
+            gil = x.get("gil_s_per_gb")
+            out.append(f"| {x['setting']} | {x['gb_per_s']:.2f} ({x['gb_per_s_min']:.2f}-"
+                       f"{x['gb_per_s_max']:.2f}) | {x['cpu_s_per_gb']:.2f} "
+                       f"({x['cpu_s_per_gb_min']:.2f}-{x['cpu_s_per_gb_max']:.2f}) | "
+                       f"{x['cpu_vs_1_thread']:.2f} | "
+                       + (f"{gil:.3f} | {x['ceiling_gb_per_s']:.1f} |" if gil else "- | - |"))
+        out.append("")
+    return out
+
+
 def _gpu_section(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """The stand-in (or CUDA) loader runs of ``bench/gpu.py``, one table per kind of data."""
     out = ["## Multimodal loaders feeding one trainer (`bench/gpu.py`)", "",
@@ -770,6 +794,12 @@ def main() -> None:
     loader = _load("loader")
     if isinstance(loader, dict) and "systems" in loader:
         out += _loader_section(loader)
+    ceiling = [(title, r) for title, name in (
+        ("Raw 224x224x3 uint8 images in a tensor column", "ceiling-raw"),
+        ("RL rollouts, list<int32> of 1-3k tokens, beside a colocated per-batch Parquet "
+         "DataLoader with one worker", "ceiling-tokens")) if isinstance(r := _load(name), dict)]
+    if ceiling:
+        out += _ceiling_section(ceiling)
     gpu = [(kind, r) for kind, name in (("Raw 224x224x3 uint8 images", "gpu_standin"),
                                         ("JPEG q90 images decoded by PIL", "gpu_standin_jpeg"))
            if isinstance(r := _load(name), dict)]
