@@ -15,7 +15,7 @@ from lakestream.log.entries import Append, FragmentRef, Reclaim
 from lakestream.log.index import CACHED_SEGMENTS, FragmentIndex
 from lakestream.log.opening import load_state
 from lakestream.log.segments import INDEX_DIR, SEGMENT_FRAGMENTS
-from lakestream.log.snapshot import snapshot_key
+from lakestream.log.snapshot import snapshot_key, snapshot_segments
 from lakestream.producers import Producer
 from lakestream.store import open_store
 from tests.helpers import SCHEMA, ids, put_entry, rows
@@ -321,3 +321,28 @@ def test_a_reclaim_that_shrinks_nothing_rewrites_no_segment(tmp_path) -> None:
     while s.version % 10:
         s.append(rows(0, 4))
     assert [p.key for p in s.state.index.parts][:len(keys)] == keys
+
+
+def test_a_writer_idle_across_a_gc_never_names_a_collected_segment(tmp_path) -> None:
+    """A writer's state names the segments of the manifest it last rebased on; gc deletes a
+    segment once no remaining manifest names it. A writer idle across that gc wrote its next
+    manifest naming the deleted segment, and every opener failed on it (found by the S3
+    fault soak). It puts the segment again from the columns it holds."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4,
+                          snapshot_interval=2)
+    for k in range(5):
+        s.append(rows(4 * k, 4))
+    store = open_store(s.uri)
+    first = f"{INDEX_DIR}0-2-0-0.parquet"
+    store.head(first)  # the manifest at version 4 names it
+    store.delete(first)  # collected, as gc does once a newer manifest no longer names it
+    s.append(rows(20, 4))
+    s.append(rows(24, 4))  # version 6: this writer's next manifest
+    named = snapshot_segments(store, 6)
+    assert first in named
+    for key in named:  # each one there: the log below may be compacted, with no fallback
+        store.head(key)
+    fresh = lakestream.open(s.uri)
+    assert fresh.num_steps == 7
+    assert [ids(fresh.read_step(k)) for k in range(7)] == [
+        list(range(4 * k, 4 * k + 4)) for k in range(7)]
