@@ -55,21 +55,29 @@ def read_spans(reader: FragmentReader, fragments: Sequence[Fragment],
                 else _cached_rows(reader, cache, f, start, stop, decoded, last_step,
                                   keep_bytes=bool(direct))
     if sink is not None:
+        pieces: dict[int, list[tuple[int, int, int]]] = {}
         at = 0
         for i, start, stop in ranges:
-            _fill(reader, cache, fragments[i], start, stop, sink, at, last_step)
+            pieces.setdefault(i, []).append((start, stop, at))
             at += stop - start
+        for i, mine in pieces.items():
+            _fill(reader, cache, fragments[i], mine, sink, last_step)
     if not tables:
         return [pa.table({}).slice(0, 0) for _ in ranges]
     return [tables[i][0].slice(start - tables[i][1], stop - start)
             for i, start, stop in ranges]
 
 
-def _fill(reader: FragmentReader, cache: FragmentCache | None, f: Fragment, start: int,
-          stop: int, sink: ColumnSink, at: int, last_step: LastStep | None) -> None:
-    """Rows ``[start, stop)`` of each of the sink's columns in ``f`` into the sink's arrays
-    from row ``at``."""
-    whole = fetched_whole(f.size, f.crc32, stop - start, f.rows)
+def _fill(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
+          pieces: list[tuple[int, int, int]], sink: ColumnSink,
+          last_step: LastStep | None) -> None:
+    """Each piece ``(start, stop, at)``: rows ``[start, stop)`` of each of the sink's columns
+    in ``f`` into the sink's arrays from row ``at``. The fragment is fetched, and its layout
+    found, once for all its pieces (a shuffled step of single-sample groups has one a
+    sample)."""
+    lo, hi = min(p[0] for p in pieces), max(p[1] for p in pieces)
+    wanted = sum(stop - start for start, stop, _ in pieces)
+    whole = fetched_whole(f.size, f.crc32, wanted, f.rows)
     data = None
     if whole:
         if cache is None:
@@ -80,15 +88,22 @@ def _fill(reader: FragmentReader, cache: FragmentCache | None, f: Fragment, star
                                lambda: reader.fetch(f.path, f.size, f.crc32), until=until)
     footer = reader.footer(f.path, f.size, data, f.rows, f.crc32)
     for name, direct in sink.columns.items():
-        out = sink.arrays[name][at:at + stop - start]
+        array = sink.arrays[name]
         layout = None if data is None else reader.plain(f.path, footer, data, name, direct)
         if layout is not None:
-            copy_rows(data, layout, start, stop, out)
-        else:
-            column = reader.decode(f.path, f.size, data, footer, footer.groups(start, stop),
-                                   [name]).column(0)
-            first = footer.starts[footer.groups(start, stop)[0]]
-            copy_values(column.slice(start - first, stop - start), direct, out, name)
+            for start, stop, at in pieces:
+                copy_rows(data, layout, start, stop, array[at:at + stop - start])
+            continue
+        # Fetched whole, decoded once for all pieces; read by range, each piece's row groups
+        # alone (pieces far apart in a large fragment would fetch what lies between).
+        for a, b, batch in ([(lo, hi, pieces)] if data is not None else
+                            [(start, stop, [(start, stop, at)]) for start, stop, at in pieces]):
+            groups = footer.groups(a, b)
+            column = reader.decode(f.path, f.size, data, footer, groups, [name]).column(0)
+            first = footer.starts[groups[0]]
+            for start, stop, at in batch:
+                copy_values(column.slice(start - first, stop - start), direct,
+                            array[at:at + stop - start], name)
 
 
 def _row_ranges(fragments: Sequence[Fragment], spans: Sequence[tuple[int, int]]

@@ -18,6 +18,7 @@ from lakestream import CorruptLogError, tensor_field
 from lakestream.loaders import StreamDataset, StreamLoader, collate_table
 from lakestream.loaders.host import default_prefetch, default_read_threads
 from lakestream.producers import Producer
+from tests.helpers import SCHEMA, rows
 
 SHAPE = (6, 7, 3)
 
@@ -277,3 +278,30 @@ def test_a_numeric_column_is_a_tensor_in_every_step_nulls_or_not(tmp_path: Path)
         assert second["a"].tolist() == [5, 0, 7, 8] and second["b"].tolist() == [0, 6, 7, 8]
         assert second["c"].tolist() == [5.0, 6.0, 0.0, 8.0]
         assert second["d"].tolist() == [True, True, True, False]
+
+
+def test_numbers_beside_a_list_column_are_decoded_with_it_not_read_apart(
+        tmp_path: Path, monkeypatch) -> None:
+    """Arrow decodes a fragment's list columns anyway, and its columns of one number a row
+    ride along: read apart as well, each fragment cost a second pass (a shuffled SFT mix fell
+    to 0.65x log order). Alone, or beside a tensor column, numbers are read straight."""
+    import lakestream.read.spans as spans
+
+    apart: list[str] = []
+    fill = spans._fill
+
+    def counted(reader: Any, cache: Any, f: Any, pieces: Any, sink: Any, last: Any) -> None:
+        apart.extend(sink.columns)
+        fill(reader, cache, f, pieces, sink, last)
+
+    monkeypatch.setattr(spans, "_fill", counted)
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    s.append(rows(0, 8))
+    batches = list(StreamDataset(uri, group=None, max_steps=2))
+    assert [b["id"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert apart == []
+    assert [b["id"].tolist() for b in StreamDataset(uri, group=None, max_steps=2,
+                                                    columns=["id"])] == [[0, 1, 2, 3],
+                                                                         [4, 5, 6, 7]]
+    assert set(apart) == {"id"}
