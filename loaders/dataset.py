@@ -350,12 +350,6 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             return None
         schema = self.stream.schema
         direct = direct_columns(schema, self.columns)
-        if any(n not in direct for n in (self.columns or schema.names)):
-            # Arrow decodes the other columns of each fragment anyway, and columns of one
-            # number a row ride along for little; read apart, each cost a pass of its own
-            # per fragment (a shuffled SFT mix fell to 0.65x log order, log order itself
-            # to 0.7x). Tensor columns are worth it: their bytes are the batch.
-            direct = {n: d for n, d in direct.items() if d.prefixed}
         if not direct:
             return None
         columns = {n: (d, tensor_spec(schema.field(n)) if d.prefixed else None)

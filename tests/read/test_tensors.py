@@ -53,7 +53,8 @@ def test_columns_read_directly_hold_what_the_decoded_table_holds(tmp_path, null_
     """The stream's writer lays tensor and 32/64-bit number columns out plainly, and they are
     copied from the file's bytes; a fragment with a null is decoded the general way. Either
     way the arrays hold what the table would, a null as zeros, and the table keeps only the
-    other columns."""
+    other columns. Numbers are read directly only where every column read is (beside a
+    column Arrow decodes, they are decoded with it)."""
     stream = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=8)
     stream.append(_rows(0, 8, null_at=null_at))
     stream.append(_rows(8, 8))
@@ -62,9 +63,11 @@ def test_columns_read_directly_hold_what_the_decoded_table_holds(tmp_path, null_
         whole = steps.read(step, 0, 1)
         made: dict[str, np.ndarray] = {}
         rest = steps.read(step, 0, 1, alloc=_alloc(made))
-        assert set(made) == {"id", "score", "x"}  # int8 is stored widened: decoded
-        assert rest.column_names == ["small", "name"]
-        assert rest.equals(whole.select(["small", "name"]))
+        assert set(made) == {"x"}  # int8 is stored widened, strings decoded: so are numbers
+        assert rest.equals(whole.select(["id", "score", "small", "name"]))
+        made = {}
+        rest = steps.read(step, 0, 1, ["id", "score", "x"], alloc=_alloc(made))
+        assert set(made) == {"id", "score", "x"} and rest.num_columns == 0
         assert _as(made, "id", "<i8").tolist() == whole.column("id").to_pylist()
         assert _as(made, "score", "<f4").tolist() == \
             whole.column("score").fill_null(0).to_pylist()
@@ -84,8 +87,10 @@ def test_a_step_of_a_mix_lays_each_sources_rows_into_one_array_in_source_order(
     steps = mix_steps([Source(a.uri, 6), Source(b.uri, 2)],
                       [lakestream.open(a.uri), lakestream.open(b.uri)], keyed=False)
     made: dict[str, np.ndarray] = {}
-    rest = steps.read(1, 1, 2, alloc=_alloc(made))  # rank 1 of 2: 3 of a's, 1 of b's
-    assert _as(made, "id", "<i8").tolist() == [9, 10, 11, 1_003]
+    rest = steps.read(1, 1, 2, ["id", "small", "x"], alloc=_alloc(made))  # rank 1 of 2:
+    assert set(made) == {"x"}  # 3 of a's, 1 of b's; small is decoded, and id with it
+    assert made["x"].view(np.float32)[:, 0].tolist() == [9, 10, 11, 1_003]
+    assert rest.column("id").to_pylist() == [9, 10, 11, 1_003]
     assert rest.column("small").to_pylist() == [9, 10, 11, 3]
 
 
