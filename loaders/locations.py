@@ -53,6 +53,16 @@ def describe(marker: Marker) -> str:
             f"version {marker.version}), checkpoint_id {marker.checkpoint_id!r},")
 
 
+def _relative(root: str | None) -> str:
+    """What to say of a root given relative: the usual reason a trainer's own checkpoint lies
+    outside it is that it was saved from another working directory."""
+    if root is None or "://" in root or os.path.isabs(root):
+        return ""
+    return (f" (the root {root!r} is relative, taken from the working directory "
+            f"{os.getcwd()}: a checkpoint saved from another one lies elsewhere; give the "
+            "root as an absolute path or s3:// prefix, the same in every run)")
+
+
 def check_location(checkpoint_id: str, root: str | None, streams: Sequence[str], *,
                    marker: Marker | None = None) -> Location:
     """Checks a checkpoint location, before anything is opened.
@@ -74,9 +84,10 @@ def check_location(checkpoint_id: str, root: str | None, streams: Sequence[str],
         CheckpointLocationError: naming the location (and the marker) and what to do.
     """
     what = describe(marker) if marker is not None else f"checkpoint location {checkpoint_id!r}"
-    todo = ("resume from an earlier marker (Stream.checkpoints(group)) or start afresh, and "
-            "find out who committed this one: any identity that may write the stream's log "
-            "can commit a marker" if marker is not None else
+    todo = ("pass the root its checkpoints were saved under, or resume from an earlier "
+            "marker (Stream.checkpoints(group)) or start afresh; if no trainer of yours saved "
+            "it there, find out who committed this marker: any identity that may write the "
+            "stream's log can commit one" if marker is not None else
             "save and load checkpoints under the trainer's checkpoint root (root=), a folder "
             "or s3:// prefix that only trainers write, outside every stream")
 
@@ -104,7 +115,7 @@ def check_location(checkpoint_id: str, root: str | None, streams: Sequence[str],
         if _parse(uri, None).holds(place):
             raise refuse(f"is inside the stream {uri}, where its producers write")
     if base is not None and not base.holds(place):
-        raise refuse(f"is outside the checkpoint root {base}")
+        raise refuse(f"is outside the checkpoint root {base}{_relative(root)}")
     return Location(str(place), place.bucket is not None)
 
 

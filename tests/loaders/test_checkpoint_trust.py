@@ -293,3 +293,27 @@ def test_a_symlink_under_the_root_leading_out_of_it_is_refused(tmp_path) -> None
     with pytest.raises(CheckpointLocationError, match="outside the checkpoint root"):
         load_checkpoint({"model": torch.zeros(4)}, "step-2", fresh, root=str(root))
     assert fresh.start_step == 0
+
+
+def test_a_relative_root_from_another_folder_says_so_and_what_to_pass(
+        tmp_path, monkeypatch) -> None:
+    """The README's relative ``root="ckpt"``, resumed from another working directory: the
+    marker's checkpoint lies under the first folder's root. The error says the root is
+    relative and where it was taken from, not only that a marker names a strange place."""
+    s = _stream(str(tmp_path / "s"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    _trained(s.uri, "ckpt")
+    marker = lakestream.open(s.uri).checkpoints("train")[-1]
+    assert marker.checkpoint_id == str((tmp_path / "a" / "ckpt" / "step-2").resolve())
+    monkeypatch.chdir(tmp_path / "b")
+    fresh = StreamDataset(s.uri, rank=0, world_size=1)
+    with pytest.raises(CheckpointLocationError,
+                       match=r"the root 'ckpt' is relative, taken from the working directory "
+                             r".*/b: .* give the root as an absolute path") as e:
+        load_checkpoint({"model": torch.zeros(4)}, marker, fresh, root="ckpt")
+    assert "pass the root its checkpoints were saved under" in str(e.value)
+    state = {"model": torch.zeros(4)}
+    load_checkpoint(state, marker, fresh, root=str(tmp_path / "a" / "ckpt"))
+    assert state["model"].tolist() == [0.0, 1.0, 2.0, 3.0]
