@@ -4,6 +4,7 @@ or of the read side (``lakestream.read.offsets``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from lakestream.read.offsets import OffsetReader
 from lakestream.read.tensors import ColumnSink
 from lakestream.schema.conform import validate_schema
 from lakestream.store import ObjectStore, open_store
+
+log = logging.getLogger("lakestream")
 
 
 class Stream:
@@ -259,9 +262,25 @@ class Stream:
 
         A producer that committed nothing since it last saw the log learns of the seal when
         it commits: its write fails then, and its uploaded files are left to gc.
+
+        Samples past the last whole step (fewer than ``global_batch_size``) are never
+        delivered, as a DataLoader's ``drop_last``: a warning says how many, and ``status``
+        shows them (``undelivered_samples``).
         """
         result = self.commit(commits.seal)
+        left = self.undelivered_samples
+        if result is not None and left:
+            log.warning("%s sealed at %d samples (a step is %d): the last %d fill no whole "
+                        "step and are never delivered (append %d more before sealing to make "
+                        "a last step)", self.uri, self.num_samples, self.global_batch_size,
+                        left, self.global_batch_size - left)
         return None if result is None else result.version
+
+    @property
+    def undelivered_samples(self) -> int:
+        """Samples committed past the last whole step (as of this handle's last refresh):
+        delivered once a step fills, never once the stream is sealed."""
+        return self.num_samples - self.num_steps * self.global_batch_size
 
     def remove_group(self, group: str) -> int:
         """Removes ``group``: its markers and registration stop holding data (the next

@@ -30,6 +30,7 @@ def status(stream: Stream, keep_last: int = 2) -> dict[str, Any]:
         "num_samples": s.next_offset,
         "num_steps": s.num_steps,
         "sealed_at": s.sealed_at,
+        "undelivered_samples": stream.undelivered_samples,
         "global_batch_size": stream.global_batch_size,
         "group_size": stream.group_size,
         "schema": {f.name: str(f.type) for f in stream.schema},

@@ -17,6 +17,11 @@ def print_status(info: dict[str, Any]) -> None:
         f"  sealed at {info['sealed_at']} samples (no more appends)"
     print(f"samples     {info['num_samples']}  steps {info['num_steps']}  "
           f"(B={info['global_batch_size']}, G={info['group_size']}){sealed}")
+    left = info["undelivered_samples"]
+    if left:
+        print(f"            the last {plural(left, 'sample')} fill no whole step: " + (
+            "never delivered (sealed)" if info["sealed_at"] is not None else
+            "delivered once the step fills"))
     reclaimed = "nothing reclaimed" if not info["reclaimed_below_offset"] else \
         f"reclaimed below step {info['reclaimed_below_step']} " \
         f"(offset {info['reclaimed_below_offset']})"
@@ -28,7 +33,7 @@ def print_status(info: dict[str, Any]) -> None:
             f"{human_bytes(r['reclaimable_bytes'])}"
     else:
         what = f"nothing more to reclaim (below step {r['step']})"
-    print(f"retention   keep_last={r['keep_last']}: {what}")
+    print(f"retention   if retain(keep_last={r['keep_last']}) ran now: {what}")
     print(f"unreferenced {plural(info['unreferenced_files'], 'file')}, "
           f"{human_bytes(info['unreferenced_bytes'])} "
           "(uploads never committed, or reclaimed, awaiting gc)")

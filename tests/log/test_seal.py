@@ -99,6 +99,33 @@ def test_snapshots_status_and_verify_know_the_seal(tmp_path) -> None:
     assert verify(s.store).problems == []
 
 
+def test_a_seal_says_which_samples_no_step_will_deliver(tmp_path, caplog, capsys) -> None:
+    """2,000 images at a batch of 64 make 31 steps: the last 16 were silently unreachable.
+    They still are (a step is a whole global batch, as a DataLoader's drop_last), but the
+    seal warns, and status says so, sealed or not."""
+    from lakestream.ops.cli import main
+
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
+    s.append(rows(0, 6))
+    assert s.undelivered_samples == 2 and status(s)["undelivered_samples"] == 2
+    assert main(["status", s.uri]) == 0
+    assert "the last 2 samples fill no whole step: delivered once the step fills" in \
+        capsys.readouterr().out
+    with caplog.at_level("WARNING", logger="lakestream"):
+        s.seal()
+    assert "sealed at 6 samples (a step is 4): the last 2 fill no whole step and are never " \
+        "delivered (append 2 more before sealing" in caplog.text
+    assert main(["status", s.uri]) == 0
+    assert "the last 2 samples fill no whole step: never delivered (sealed)" in \
+        capsys.readouterr().out
+    caplog.clear()
+    whole = lakestream.create(str(tmp_path / "w"), SCHEMA, global_batch_size=B)
+    whole.append(rows(0, 8))
+    with caplog.at_level("WARNING", logger="lakestream"):
+        whole.seal()
+    assert caplog.text == "" and status(whole)["undelivered_samples"] == 0
+
+
 def test_the_seal_entry_has_a_format_older_readers_refuse_by_name() -> None:
     data = encode_entry(Seal())
     assert json.loads(data.split(b"\n")[0])["commitInfo"]["lakestream"]["format"] == \
