@@ -372,8 +372,23 @@ def s3_error(what: str, where: str, bucket: str, e: Exception) -> LakestreamErro
         return PermissionDeniedError(
             f"{what} {where} was refused: the credentials may not do this "
             f"({reply.summary}); grant it (docs/deployment.md, Least privilege)")
+    silent = _NO_ANSWER.search(reply.text) if reply.status is None else None
+    if silent is not None:
+        url = re.search(r"Error performing [A-Z]+ (\w+://[^/\s]+)", reply.text)
+        tries = re.search(r"after (\d+) retries", reply.text)
+        return StoreError(
+            f"{what} {where} failed: no answer from "
+            f"{url.group(1) if url else 'the S3 endpoint'}"
+            f"{f' after {tries.group(1)} retries' if tries else ''} ({silent.group(0)}): "
+            "check the endpoint (AWS_ENDPOINT_URL): the host and port of a running S3 server "
+            "this machine can reach, and http:// or https:// as that server speaks (https:// "
+            "to a plain-HTTP server gets no answer either); for AWS itself, leave it unset")
     return StoreError(f"{what} {where} failed: {reply.summary}")
 
+
+_NO_ANSWER = re.compile(r"error sending request|connection refused|dns error|"
+                        r"tcp connect error|connection reset|operation timed out", re.I)
+"""What the client says when the endpoint gave no HTTP answer at all."""
 
 _AUTHENTICATION = {
     "SignatureDoesNotMatch": "the secret key is not the one of this access key id: check "

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 
 import pytest
 
-from lakestream.errors import AlreadyExistsError, NotFoundError
+from lakestream.errors import AlreadyExistsError, NotFoundError, StoreError
 from lakestream.store import check_key, open_store
 
 
@@ -191,3 +192,24 @@ def test_an_unknown_s3_option_is_named(s3_options: dict[str, str]) -> None:
         open_store(f"s3://{BUCKET}/typo", {**s3_options, "LAKESTREAM_MAX_RETRIES": "many"})
     assert open_store(f"s3://{BUCKET}/ok", {**s3_options, "LAKESTREAM_MAX_RETRIES": "2",
                                             "lakestream_request_timeout_s": "60"}) is not None
+
+
+def test_an_endpoint_that_gives_no_answer_is_named_with_what_to_check(
+        s3_options: dict[str, str]) -> None:
+    """A wrong port, https:// against a plain-HTTP server, or a host that does not resolve:
+    the client's own text was "... after 8 retries ... HTTP error: error sending request"."""
+    import socket
+
+    from tests.conftest import BUCKET
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    endpoint = s3_options["AWS_ENDPOINT_URL"]
+    for url in (f"http://127.0.0.1:{closed}", endpoint.replace("http://", "https://"),
+                "http://no-such-host.invalid:9000"):
+        store = open_store(f"s3://{BUCKET}/silent", {**s3_options, "AWS_ENDPOINT_URL": url,
+                                                     "LAKESTREAM_MAX_RETRIES": "1"})
+        with pytest.raises(StoreError, match=f"no answer from {re.escape(url)} .*check the "
+                                             r"endpoint \(AWS_ENDPOINT_URL\)"):
+            store.get("x")
