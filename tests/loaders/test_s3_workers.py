@@ -24,15 +24,20 @@ def _stream(s3_options: dict[str, str]) -> str:
     return uri
 
 
-@pytest.mark.timeout(180)
-def test_a_forked_dataloader_over_s3_raises_and_a_spawned_one_reads(s3_options) -> None:
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["DataLoader", "StatefulDataLoader"])
+def test_a_forked_dataloader_over_s3_raises_and_a_spawned_one_reads(s3_options,
+                                                                   kind: str) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = torch.utils.data.DataLoader if kind == "DataLoader" else StatefulDataLoader
     uri = _stream(s3_options)
     # Opening the stream (here, in the parent) starts the client's runtime.
     ds = StreamDataset(uri, group=None, storage_options=s3_options, max_steps=4, timeout=5)
-    forked = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
-                                         multiprocessing_context="fork")
+    forked = loader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
     with pytest.raises(LakestreamError, match="spawn"):
         list(forked)
-    spawned = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
-                                          multiprocessing_context="spawn")
-    assert sorted(int(b["step"]) for b in spawned) == [0, 1, 2, 3]
+    for workers in (2, 0):  # in process, the dataset then goes on from where it stopped
+        spawned = loader(ds, batch_size=None, num_workers=workers,
+                         **({"multiprocessing_context": "spawn"} if workers else {}))
+        assert sorted(int(b["step"]) for b in spawned) == [0, 1, 2, 3]
