@@ -250,16 +250,24 @@ class LocalStore:
             n -= len(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
-        # Written out, not through _at and _errors: the log reader's every entry is a GET,
-        # and the two context managers took a sixth of one.
+    def _open_key(self, key: str) -> tuple[int, int]:
+        """The file at ``key`` open for reading, and its size. Written out, not through
+        ``_at`` and ``_errors``: the log reader's every entry is a GET, and the two context
+        managers took a sixth of one.
+
+        Raises:
+            OSError: as ``_open``.
+        """
         *parts, name = check_key(key).split("/")
+        dfd = self._folder(parts, create=False)
         try:
-            dfd = self._folder(parts, create=False)
-            try:
-                fd, size = self._open(dfd, name)
-            finally:
-                os.close(dfd)
+            return self._open(dfd, name)
+        finally:
+            os.close(dfd)
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        try:
+            fd, size = self._open_key(key)
             try:
                 # Objects are whole once named (linked or renamed into place): the size is
                 # theirs, and one past the bound is enough to refuse a larger one.
@@ -275,13 +283,8 @@ class LocalStore:
         """See ``ObjectStore.get_buffer``: read into a block of the process's buffer pool
         (``lakestream.store.pool``), whose pages are mapped already after the first reads,
         where a fresh ``bytes`` took a page fault each 4 KiB."""
-        *parts, name = check_key(key).split("/")
         try:
-            dfd = self._folder(parts, create=False)
-            try:
-                fd, found = self._open(dfd, name)
-            finally:
-                os.close(dfd)
+            fd, found = self._open_key(key)
             try:
                 if found != size:  # the caller's check names the difference
                     return self._read(fd, 0, min(found, size + 1))
