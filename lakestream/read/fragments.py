@@ -133,9 +133,9 @@ class Footer:
     spans: dict[str, range] | None = None
     """The leaves of each top-level column, once ``leaves`` has looked."""
     plains: dict[str, PlainValues | None] = field(default_factory=dict)
+    """Per column read directly from the whole file, where its values lie (``plain``)."""
     pages: dict[int, list[FastPage]] = field(default_factory=dict)
     """Pages of the file's chunks as parsed when it was fetched whole, by chunk start."""
-    """Per tensor column read from the whole file, where its values lie (``plain``)."""
 
     @classmethod
     def of(cls, md: pq.FileMetaData) -> Footer:
