@@ -8,8 +8,10 @@ from typing import Any
 from lakestream.loaders.collate import collate_table
 from lakestream.loaders.dataset import StreamDataset
 from lakestream.loaders.loader import StreamLoader
+from lakestream.loaders.locations import CheckpointLocationError
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.reader import StepReader
+from lakestream.loaders.resume import StreamMismatchError
 from lakestream.read.steps import Source
 
 
@@ -24,5 +26,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Source", "StepReader", "StreamDataset", "StreamLoader", "collate_table",
-           "load_checkpoint", "resolve_rank", "save_checkpoint", "worker_steps"]
+__all__ = ["CheckpointLocationError", "Source", "StepReader", "StreamDataset", "StreamLoader",
+           "StreamMismatchError", "collate_table", "load_checkpoint", "resolve_rank",
+           "save_checkpoint", "worker_steps"]
