@@ -20,11 +20,19 @@ _lock = threading.Lock()
 
 
 def failpoint(name: str) -> None:
-    """Kills this process with SIGKILL if the environment arms ``name`` (at this hit)."""
+    """Kills this process with SIGKILL if the environment arms ``name`` (at this hit).
+
+    Raises:
+        ValueError: the environment arms a point that does not exist, or a hit that is not a
+            positive count (a misspelt point never fired, and its crash test passed untested).
+    """
     armed = os.environ.get("LAKESTREAM_FAILPOINT")
     if not armed:
         return
     target, _, nth = armed.partition("@")
+    if target not in NAMES or nth and not (nth.isdigit() and int(nth) > 0):
+        raise ValueError(f"LAKESTREAM_FAILPOINT={armed!r} arms no crash point: use one of "
+                         f"{', '.join(NAMES)}, optionally @n for the n-th hit (n >= 1)")
     if target != name:
         return
     with _lock:
