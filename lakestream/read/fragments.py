@@ -149,15 +149,15 @@ class Footer:
         order of ``columns``."""
         if columns is None:
             return None
-        if self.spans is None:
+        spans = self.spans
+        if spans is None:
             at, spans = 0, {}
             for f in self.metadata.schema.to_arrow_schema():
                 n = _leaf_count(f.type)
                 spans[f.name] = range(at, at + n)
                 at += n
             object.__setattr__(self, "spans", spans)
-        assert self.spans is not None
-        return [j for c in columns for j in self.spans.get(c, ())]
+        return [j for c in columns for j in spans.get(c, ())]
 
     def groups(self, start: int, stop: int) -> range:
         """The row groups that hold rows of ``[start, stop)``."""

@@ -78,14 +78,7 @@ def _fill(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
     lo, hi = min(p[0] for p in pieces), max(p[1] for p in pieces)
     wanted = sum(stop - start for start, stop, _ in pieces)
     whole = fetched_whole(f.size, f.crc32, wanted, f.rows)
-    data = None
-    if whole:
-        if cache is None:
-            data = reader.fetch(f.path, f.size, f.crc32)
-        else:
-            until = None if last_step is None else last_step(f.offset, f.offset + f.rows)
-            data = cache.fetch((f.path, f.size, f.crc32),
-                               lambda: reader.fetch(f.path, f.size, f.crc32), until=until)
+    data = _whole_file(reader, cache, f, last_step) if whole else None
     footer = reader.footer(f.path, f.size, data, f.rows, f.crc32)
     for name, direct in sink.columns.items():
         array = sink.arrays[name]
@@ -104,6 +97,17 @@ def _fill(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
             for start, stop, at in batch:
                 copy_values(column.slice(start - first, stop - start), direct,
                             array[at:at + stop - start], name)
+
+
+def _whole_file(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
+                last_step: LastStep | None) -> pa.Buffer:
+    """The file of ``f``, fetched whole and checked; through ``cache``, fetched once while it
+    keeps it: until the last step that may read any of its rows."""
+    if cache is None:
+        return reader.fetch(f.path, f.size, f.crc32)
+    until = None if last_step is None else last_step(f.offset, f.offset + f.rows)
+    return cache.fetch((f.path, f.size, f.crc32), lambda: reader.fetch(f.path, f.size, f.crc32),
+                       until=until)
 
 
 def _row_ranges(fragments: Sequence[Fragment], spans: Sequence[tuple[int, int]]
@@ -138,10 +142,7 @@ def _cached_rows(reader: FragmentReader, cache: FragmentCache, f: Fragment, star
         return None if last_step is None else last_step(f.offset + lo, f.offset + hi)
 
     def data() -> pa.Buffer | None:
-        if not whole:
-            return None
-        return cache.fetch(file, lambda: reader.fetch(f.path, f.size, f.crc32),
-                           until=until(0, f.rows))
+        return _whole_file(reader, cache, f, last_step) if whole else None
 
     footer = reader.cached_footer(*file)
     if footer is None or footer.starts[-1] != f.rows:
@@ -159,7 +160,7 @@ def _cached_rows(reader: FragmentReader, cache: FragmentCache, f: Fragment, star
         return table, first
     parts = [cache.fetch((*file, kind, g), partial(decode, g),
                          until=until(starts[g], starts[g + 1])) for g in groups]
-    if whole and not keep_bytes and cache.holds(file) \
+    if whole and cache.holds(file) \
             and cache.holds(*[(*file, kind, g) for g in range(len(starts) - 1)]):
         cache.discard(file)  # every row group decoded: the bytes are done with
     return (parts[0] if len(parts) == 1 else pa.concat_tables(parts)), starts[groups[0]]

@@ -140,10 +140,22 @@ class MixSteps:
     """``plan`` over ``streams`` (one per source, in order). A plan made before a source
     was sealed takes its seal into account as soon as a handle sees it."""
 
+    def __init__(self, streams: Sequence[Readable], plan: MixPlan) -> None:
+        if len(streams) != len(plan.sources):
+            raise ValueError(f"{len(streams)} streams for {len(plan.sources)} sources")
+        self.streams = list(streams)
+        self._plan = plan
+        self.cache = FragmentCache(CACHE_BYTES if plan.shuffle_window is not None
+                                   else SEAM_CACHE_BYTES)
+        """What this process's reads of the steps share of the sources' fragments, each kept
+        until the last step that may read it (``MixPlan.last_step``)."""
+        self._direct: dict[tuple[str, ...] | None, dict[str, Direct]] = {}
+        """Per set of columns read, those read directly (``direct_columns``)."""
+
     def _sink(self, spans: list[list[tuple[int, int]]], columns: list[str] | None,
               alloc: Alloc) -> ColumnSink | None:
-        """Arrays for the columns of a step of these spans read directly (tensor columns,
-        and columns of one number a row), made by ``alloc``."""
+        """Arrays, made by ``alloc``, for the columns of a step of these spans that are read
+        directly (``direct_columns``)."""
         key = None if columns is None else tuple(columns)
         specs = self._direct.get(key)
         if specs is None:
@@ -152,17 +164,6 @@ class MixSteps:
             return None
         rows = sum(hi - lo for s in spans for lo, hi in s)
         return ColumnSink(specs, {name: alloc(name, rows) for name in specs})
-
-    def __init__(self, streams: Sequence[Readable], plan: MixPlan) -> None:
-        if len(streams) != len(plan.sources):
-            raise ValueError(f"{len(streams)} streams for {len(plan.sources)} sources")
-        self.streams = list(streams)
-        self._plan = plan
-        self.cache = FragmentCache(CACHE_BYTES if plan.shuffle_window is not None
-                                   else SEAM_CACHE_BYTES)
-        self._direct: dict[tuple[str, ...] | None, dict[str, Direct]] = {}
-        """What this process's reads of the steps share of the sources' fragments, each kept
-        until the last step that may read it (``MixPlan.last_step``)."""
 
     @classmethod
     def single(cls, stream: Readable) -> MixSteps:
@@ -233,9 +234,10 @@ class MixSteps:
              columns: list[str] | None = None, *, alloc: Alloc | None = None) -> pa.Table:
         """Rank ``rank`` of ``world_size``'s rows of ``step``: each source's share, in
         source order. With ``alloc``, each column of the first source's schema among
-        ``columns`` that is read directly (a tensor column, a column of 32- or 64-bit integers
-        or floats) goes into the ``[rows, nbytes]`` uint8 array ``alloc(name, rows)`` makes
-        (copied from the fragments' bytes: ``lakestream.read.tensors``), not into the table.
+        ``columns`` that is read directly (``direct_columns``: tensor columns, and 32- and
+        64-bit numbers where every column read is one of these) goes into the
+        ``[rows, nbytes]`` uint8 array ``alloc(name, rows)`` makes (copied from the
+        fragments' bytes: ``lakestream.read.tensors``), not into the table.
 
         Raises:
             StepNotAvailableError: a source has not committed them yet, or reclaimed them.
