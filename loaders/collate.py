@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import torch
 
 from lakestream.errors import CorruptLogError
-from lakestream.read.tensors import Direct, copy_values
+from lakestream.read.tensors import Direct, binary_chunks, copy_values
 from lakestream.schema.tensors import TensorSpec, tensor_spec
 from lakestream.store.pool import buffer_pool
 
@@ -119,25 +119,6 @@ def _pack(chunks: list[tuple[np.ndarray, np.ndarray]], dtype: np.dtype[Any], sha
         starts.append(offsets[1:] + at)
         at += len(values)
     return tensor, _copy(np.concatenate(starts), shared)
-
-
-def _binary_chunks(column: pa.ChunkedArray
-                   ) -> list[tuple[pa.Buffer | None, np.ndarray, np.ndarray | None]]:
-    """(data buffer, offsets into it, validity or None where no row is null) of each chunk of
-    a binary column, a null row spanning no bytes: the bytes are copied out where they lie,
-    once."""
-    out = []
-    for arr in column.chunks:
-        valid = None
-        if arr.null_count:
-            mask = arr.is_valid()
-            valid = mask.to_numpy(zero_copy_only=False)
-            arr = pc.if_else(mask, arr, pa.scalar(b"", arr.type))
-        bufs = arr.buffers()
-        offsets = np.frombuffer(bufs[1], np.int32, len(arr) + 1, arr.offset * 4) \
-            if len(arr) else np.zeros(1, np.int32)
-        out.append((bufs[2], offsets.astype(np.int64), valid))
-    return out
 
 
 def _bytes(chunks: list[tuple[pa.Buffer | None, np.ndarray, np.ndarray | None]], shared: bool
@@ -253,7 +234,7 @@ def collate_table(table: pa.Table, mode: str = "padded", *,
             if spec is not None:
                 out[field.name] = _tensor(field.name, col, spec, shared)
             else:
-                out[field.name], out[f"{field.name}_offsets"] = _bytes(_binary_chunks(col),
+                out[field.name], out[f"{field.name}_offsets"] = _bytes(binary_chunks(col),
                                                                         shared)
         elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
             if col.null_count:  # the rule of every step, not only those holding a null

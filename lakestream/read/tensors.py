@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lakestream.errors import CorruptLogError
@@ -218,6 +219,24 @@ Alloc = Callable[[str, int], np.ndarray]
 """Makes the ``[rows, nbytes]`` uint8 array a read puts column ``name``'s rows in."""
 
 
+def binary_chunks(column: Any) -> list[tuple[pa.Buffer | None, np.ndarray, np.ndarray | None]]:
+    """(data buffer, ``[k + 1]`` int64 offsets into it, validity or None where no row is
+    null) of each chunk of a binary column (an array or chunked array), a null row spanning
+    no bytes: the bytes can be copied out where they lie, once."""
+    out = []
+    for arr in getattr(column, "chunks", [column]):
+        valid = None
+        if arr.null_count:
+            mask = arr.is_valid()
+            valid = mask.to_numpy(zero_copy_only=False)
+            arr = pc.if_else(mask, arr, pa.scalar(b"", arr.type))
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], np.int32, len(arr) + 1, arr.offset * 4) \
+            if len(arr) else np.zeros(1, np.int32)
+        out.append((bufs[2], offsets.astype(np.int64), valid))
+    return out
+
+
 def copy_values(column: Any, direct: Direct, out: np.ndarray, name: str) -> None:
     """The values of a column decoded into Arrow (an array or chunked array) into ``out``
     (``[len, nbytes]`` uint8), a null row as zeros.
@@ -231,25 +250,23 @@ def copy_values(column: Any, direct: Direct, out: np.ndarray, name: str) -> None
         out.reshape(-1).view(direct.dtype)[:] = numbers
         return
     nbytes, row = direct.nbytes, 0
-    for arr in getattr(column, "chunks", [column]):
-        k = len(arr)
+    for data, offsets, valid in binary_chunks(column):
+        k = len(offsets) - 1
         if not k:
             continue
-        bufs = arr.buffers()
-        offsets = np.frombuffer(bufs[1], np.int32, k + 1, arr.offset * 4).astype(np.int64)
         lengths = np.diff(offsets)
-        valid = None if not arr.null_count else \
-            arr.is_valid().to_numpy(zero_copy_only=False)
         wrong = lengths != nbytes if valid is None else (lengths != nbytes) & valid
         if wrong.any():
             bad = int(np.flatnonzero(wrong)[0])
             raise CorruptLogError(f"column {name} holds a value of {int(lengths[bad])} bytes at "
                                   f"row {row + bad}; its tensors are {nbytes} bytes")
-        a = int(offsets[0])
-        if valid is None:
-            out[row:row + k] = np.frombuffer(bufs[2], np.uint8, k * nbytes, a).reshape(k, nbytes)
+        if data is None:  # no row holds a byte: nulls, or tensors of no bytes
+            out[row:row + k] = 0
+        elif valid is None:
+            out[row:row + k] = np.frombuffer(data, np.uint8, k * nbytes,
+                                             int(offsets[0])).reshape(k, nbytes)
         else:
             out[row:row + k] = 0
             for j in np.flatnonzero(valid).tolist():
-                out[row + j] = np.frombuffer(bufs[2], np.uint8, nbytes, int(offsets[j]))
+                out[row + j] = np.frombuffer(data, np.uint8, nbytes, int(offsets[j]))
         row += k
