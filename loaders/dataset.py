@@ -20,7 +20,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 from lakestream.errors import LakestreamError, PermissionDeniedError
 from lakestream.loaders.collate import Collate, ColumnArrays, collate_table
 from lakestream.loaders.device import Delivery, check_delivery
-from lakestream.loaders.host import default_prefetch, default_read_threads, quick_gil_handoff
+from lakestream.loaders.host import (
+    default_prefetch,
+    default_read_threads,
+    quick_gil_handoff,
+    read_slots,
+)
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.publisher import JobProgress, MixProgress, ProgressPublisher, job_id
 from lakestream.loaders.reader import StepReader, Stop
@@ -41,6 +46,7 @@ from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSte
 from lakestream.read.steps import Source, Steps, check_columns, mix_steps, stream_steps
 from lakestream.read.tensors import direct_columns
 from lakestream.schema.tensors import tensor_spec
+from lakestream.store.slots import cpu_slots
 from lakestream.stream import Stream
 
 log = logging.getLogger("lakestream")
@@ -116,6 +122,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         read_threads: threads reading, collating and transforming steps; None: this rank's
             share of the host's cores less one (``loaders/host.py``: ``LOCAL_WORLD_SIZE``
             ranks share the cores, a DataLoader's workers share the rank's), at least 1.
+            However many there are, per-byte work runs in at most that many at once
+            (``lakestream.store.slots``): threads past it only wait for a remote store.
         prefetch: steps read ahead, in those threads; None: one per thread and two more.
         pin_memory: deliver batches in pinned memory, pinned in the read threads (needs
             CUDA). device: e.g. "cuda": deliver batches there, copied in the read threads on
@@ -285,6 +293,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         in_process = info is None
         threads = self.read_threads or default_read_threads(workers if info else 0)
+        cpu_slots().resize(read_slots(workers if info else 0))
         delivery = Delivery(self.pin_memory and in_process, self.device if in_process else None)
         reader = StepReader(self.mix, self.rank, self.world_size, columns=self.columns,
                             prefetch=default_prefetch(threads) if self.prefetch is None

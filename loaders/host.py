@@ -6,7 +6,9 @@ loop and reads with the rest of its share, up to ``MAX_READ_THREADS``: on a 16-c
 one GPU that is 8 read threads; on 96 cores and 8 GPUs, 8 per rank; on a 2-core machine, 1.
 More threads than the share take the training loop's core away from it at every scheduler
 tick: on 2 cores, 2 read threads made a 32 ms training step wait 4-8 ms for its batch one step
-in two, 1 thread one step in twenty (``bench/gpu.py --stand-in``).
+in two, 1 thread one step in twenty (``bench/gpu.py --stand-in``). So however many threads
+a reader is given, its per-byte work runs in at most that many at once (``read_slots``);
+more threads only add fetches in flight, which a remote store's latency needs.
 """
 
 from __future__ import annotations
@@ -41,13 +43,20 @@ def local_world_size() -> int:
         return 1
 
 
-def default_read_threads(workers: int = 0) -> int:
-    """Read threads for one reader: this rank's share of the cores less the one its training
-    loop runs on, split among its DataLoader ``workers`` (0: it reads in-process), at least
-    ``MIN_READ_THREADS`` and at most ``MAX_READ_THREADS``."""
+def read_slots(workers: int = 0) -> int:
+    """The CPU slots of one reading process (``lakestream.store.slots``): this rank's share
+    of the cores less the one its training loop runs on, split among its DataLoader
+    ``workers`` (0: it reads in-process), at least 1. Read threads past them only wait for
+    a remote store: on 2 cores, 15 threads in 2 slots spent 1.1-1.4x the CPU per GB of one
+    thread, in 1 slot 1.0-1.15x (``bench/ceiling.py``)."""
     share = usable_cores() // local_world_size() - 1
-    threads = share // max(1, workers)
-    return max(MIN_READ_THREADS, min(MAX_READ_THREADS, threads))
+    return max(MIN_READ_THREADS, share // max(1, workers))
+
+
+def default_read_threads(workers: int = 0) -> int:
+    """Read threads for one reader: its CPU slots (``read_slots``), at most
+    ``MAX_READ_THREADS``."""
+    return min(MAX_READ_THREADS, read_slots(workers))
 
 
 def default_prefetch(threads: int) -> int:

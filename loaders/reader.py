@@ -16,6 +16,7 @@ from lakestream.errors import StepNotAvailableError
 from lakestream.loaders.collate import ColumnArrays
 from lakestream.read.cache import FragmentCache
 from lakestream.read.steps import MixSteps, Steps
+from lakestream.store.slots import cpu_slots
 from lakestream.stream import Stream
 
 LATENCY_WINDOW = 4096
@@ -73,10 +74,12 @@ class StepReader:
 
     def _read(self, step: int) -> tuple[Any, float]:
         t0 = time.perf_counter()
-        arrays = self.arrays() if self.arrays is not None else None
-        table = self.steps.read(step, self.rank, self.world_size, self.columns, alloc=arrays)
-        item = table if self.finish is None else \
-            self.finish(step, table, arrays.tensors if arrays is not None else {})
+        with cpu_slots().held():
+            arrays = self.arrays() if self.arrays is not None else None
+            table = self.steps.read(step, self.rank, self.world_size, self.columns,
+                                    alloc=arrays)
+            item = table if self.finish is None else \
+                self.finish(step, table, arrays.tensors if arrays is not None else {})
         return item, time.perf_counter() - t0
 
     def wait_visible(self, step: int) -> bool:

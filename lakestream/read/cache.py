@@ -11,6 +11,8 @@ from typing import TypeVar
 
 import pyarrow as pa
 
+from lakestream.store.slots import cpu_slots
+
 Loaded = TypeVar("Loaded", pa.Table, pa.Buffer)
 
 
@@ -85,7 +87,8 @@ class FragmentCache:
             else:
                 mine = False
         if not mine:
-            return pending.result()
+            with cpu_slots().waiting():  # the loader may need a slot to finish
+                return pending.result()
         try:
             value = load()
         except BaseException as e:

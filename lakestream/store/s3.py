@@ -66,6 +66,7 @@ from lakestream.store.base import (
     too_large,
 )
 from lakestream.store.s3_options import S3Options, check_config, lookup, with_client_environment
+from lakestream.store.slots import cpu_slots
 
 __all__ = ["S3Options", "S3Store", "s3_filesystem"]
 
@@ -250,14 +251,16 @@ class S3Store:
         if max_bytes is not None:
             return too_large(key, self.get_range(key, 0, max_bytes + 1), max_bytes)
         try:
-            return bytes(obstore.get(self._store, check_key(key)).bytes())
+            with cpu_slots().waiting():
+                return bytes(obstore.get(self._store, check_key(key)).bytes())
         except (_ObError, OSError) as e:
             raise self._fail("reading", key, e) from None
 
     def get_buffer(self, key: str, size: int) -> Buffer:
         """See ``ObjectStore.get_buffer``: the client's own buffer, not a copy of it."""
         try:
-            return obstore.get_range(self._store, check_key(key), start=0, end=size + 1)
+            with cpu_slots().waiting():
+                return obstore.get_range(self._store, check_key(key), start=0, end=size + 1)
         except (_ObError, OSError) as e:
             if size == 0 and ("416" in str(e) or "InvalidRange" in str(e)):
                 return b""
@@ -267,7 +270,9 @@ class S3Store:
         if end <= start:
             return b""
         try:
-            return bytes(obstore.get_range(self._store, check_key(key), start=start, end=end))
+            with cpu_slots().waiting():
+                data = obstore.get_range(self._store, check_key(key), start=start, end=end)
+            return bytes(data)
         except (_ObError, OSError) as e:
             if start == 0 and ("416" in str(e) or "InvalidRange" in str(e)):
                 # No byte to serve, as for an empty object: read it whole to be sure (a
@@ -277,7 +282,8 @@ class S3Store:
 
     def head(self, key: str) -> ObjectMeta:
         try:
-            meta = obstore.head(self._store, check_key(key))
+            with cpu_slots().waiting():
+                meta = obstore.head(self._store, check_key(key))
         except (_ObError, OSError) as e:
             raise self._fail("inspecting", key, e) from None
         return ObjectMeta(key, int(meta["size"]), meta["last_modified"].timestamp())

@@ -5,6 +5,7 @@ threads, read threads follow the host's cores, and pinning is refused without CU
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,32 @@ def test_the_reader_uses_the_host_derived_threads(tmp_path: Path, monkeypatch) -
     list(ds)
     assert ds.last_reader is not None
     assert (ds.last_reader.threads, ds.last_reader.prefetch) == (6, 8)
+
+
+def test_read_threads_past_the_cores_wait_rather_than_compete(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """Six read threads on a rank whose share is 3 cores (one for the training loop): at
+    most 2 read, collate and transform at once, and every step still comes, in order."""
+    monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 3)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    uri, images = _image_stream(tmp_path, n=96)
+    now, most, lock = [0], [0], threading.Lock()
+
+    def busy(batch: dict[str, Any]) -> dict[str, Any]:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.03)
+        with lock:
+            now[0] -= 1
+        return batch
+
+    ds = StreamDataset(uri, group=None, read_threads=6, transform=busy, max_steps=12)
+    got = list(ds)
+    assert [b["step"] for b in got] == list(range(12))
+    assert all(np.array_equal(b["image"].numpy(), images[b["step"] * 8:b["step"] * 8 + 8])
+               for b in got)
+    assert most[0] == 2, most[0]  # the slots were used together, never more of them
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU-only host")

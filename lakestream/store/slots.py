@@ -1,0 +1,108 @@
+"""The CPU slots of a process's reads: per-byte work (a local store's read, which is a copy
+from the page cache, checksums, copies into a batch, decodes, collation, transforms) runs in
+at most as many threads at once as the process has cores for it, taken in the order the
+threads asked; a thread that waits for a remote store's answer gives its slot up meanwhile.
+
+So read threads beyond the cores cost no CPU of their own: they only add fetches in flight,
+which is what a remote store's latency needs. Without the slots, 15 read threads on 2 cores
+spent 1.3-1.7x the CPU per GB of one (switching, and 15 batches' buffers passing through the
+caches at once) and delivered no more (``bench/ceiling.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+
+class CpuSlots:
+    """``size`` slots, handed out first come, first served. ``held()`` runs a block in a slot
+    (in one already if the thread holds one); ``waiting()`` runs a block out of the thread's
+    slot, if it holds one, and takes a slot again after it. Thread-safe."""
+
+    def __init__(self, size: int = 1) -> None:
+        self._lock = threading.Lock()
+        self._size = max(1, size)
+        self._busy = 0
+        self._queue: collections.deque[threading.Event] = collections.deque()
+        self._mine = threading.local()
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def resize(self, size: int) -> None:
+        """Sets the number of slots (at least 1); waiting threads take any freed now."""
+        with self._lock:
+            self._size = max(1, size)
+            self._admit()
+
+    def _admit(self) -> None:
+        while self._queue and self._busy < self._size:
+            self._busy += 1
+            self._queue.popleft().set()
+
+    def _take(self) -> None:
+        with self._lock:
+            if self._busy < self._size and not self._queue:
+                self._busy += 1
+                return
+            turn = threading.Event()
+            self._queue.append(turn)
+        turn.wait()
+
+    def _give(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            self._admit()
+
+    def holds(self) -> bool:
+        """Whether this thread is in a slot."""
+        return getattr(self._mine, "held", False)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        if self.holds():
+            yield
+            return
+        self._take()
+        self._mine.held = True
+        try:
+            yield
+        finally:
+            self._mine.held = False
+            self._give()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        if not self.holds():
+            yield
+            return
+        self._mine.held = False
+        self._give()
+        try:
+            yield
+        finally:
+            self._take()
+            self._mine.held = True
+
+    def _after_fork(self) -> None:
+        # The threads that held slots in the parent are not in the child.
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._queue = collections.deque()
+        self._mine = threading.local()
+
+
+_SLOTS = CpuSlots()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_SLOTS._after_fork)
+
+
+def cpu_slots() -> CpuSlots:
+    """The process's slots (what every reader of the process runs its per-byte work in); a
+    loader sizes them to the cores its process is given."""
+    return _SLOTS
