@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -32,6 +33,8 @@ from lakestream.schema.conform import conform, oversized_sample
 from lakestream.store.base import ObjectStore
 from lakestream.store.local import LocalStore
 from lakestream.stream import Stream
+
+log = logging.getLogger("lakestream")
 
 
 def upload_threads_for(store: ObjectStore) -> int:
@@ -246,9 +249,20 @@ class Producer:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        """Leaving the block commits every write that returned, even when the block raised
+        (a bug of the caller's, Ctrl-C): a write ``write`` accepted is not dropped by a stop
+        the process lives through, as a Kafka producer's ``close`` delivers what was sent.
+        A producer that failed itself (fenced, a store it could not get past) stops
+        without committing; so does one whose flush fails or is interrupted (a second
+        Ctrl-C), and the block's own exception is the one raised."""
         if exc_type is None:
             self.close()
-        else:
+            return
+        try:
+            self.close()
+        except BaseException as e:  # noqa: BLE001 - the block's exception wins
+            log.warning("producer %s: writes not committed on leaving after %s: %s",
+                        self.producer_id, exc_type.__name__, e)
             self.abort()
 
     # -- machinery ----------------------------------------------------------------------

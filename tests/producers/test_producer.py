@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -115,6 +119,52 @@ def test_background_failures_surface_on_the_next_call(tmp_path) -> None:
     with pytest.raises(lakestream.StoreError):
         p.write(rows(4, 4))
     p.abort()
+
+
+_WRITE_UNTIL_STOPPED = r"""
+import sys, time
+from lakestream.producers import Producer
+from tests.helpers import rows
+with Producer(sys.argv[1], "w") as p:
+    put = p.stream.store.put
+    def slow(key, data, **kw):  # uploads lag the writes: some are always in flight
+        if key.startswith("data/"):
+            time.sleep(0.05)
+        return put(key, data, **kw)
+    p.stream.store.put = slow
+    i = 0
+    while True:
+        p.write(rows(4 * i, 4))
+        i += 1
+        print(i, flush=True)
+"""
+
+
+def test_ctrl_c_commits_every_write_that_returned(tmp_path) -> None:
+    """Ctrl-C in a ``with Producer`` loop leaves the block by KeyboardInterrupt: the writes
+    ``write`` returned for are committed on the way out, not dropped."""
+    uri = str(tmp_path / "s")
+    s = lakestream.create(uri, SCHEMA, global_batch_size=4)
+    child = subprocess.Popen([sys.executable, "-c", _WRITE_UNTIL_STOPPED, uri],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if int(line) >= 30:
+                break
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    returned = int(out.split()[-1]) if out.split() else 30
+    assert "KeyboardInterrupt" in err
+    got = _all_ids(s)
+    # the interrupt may land inside a write after it was accepted, before it printed
+    assert got == list(range(len(got))) and len(got) in (4 * returned, 4 * returned + 4), \
+        (len(got), returned)
 
 
 def test_max_lag_steps_blocks_until_the_trainer_catches_up(tmp_path) -> None:
