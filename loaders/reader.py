@@ -14,7 +14,6 @@ import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
 from lakestream.loaders.collate import ColumnArrays
-from lakestream.read.cache import FragmentCache
 from lakestream.read.steps import MixSteps, Steps
 from lakestream.store.slots import cpu_slots
 from lakestream.stream import Stream
@@ -63,9 +62,7 @@ class StepReader:
         self.columns, self.prefetch, self.threads = columns, prefetch, threads
         self.timeout, self.poll_min_s, self.poll_max_s = timeout, poll_min_s, poll_max_s
         self.stop, self.finish, self.arrays = stop, finish, arrays
-        cache = getattr(self.steps, "cache", None)
-        if isinstance(cache, FragmentCache):  # steps begun out of order, up to prefetch
-            cache.expect_overtaking(prefetch)
+        self.steps.expect_overtaking(prefetch)  # steps begun out of order, up to prefetch
         self.wait_s = 0.0
         """Time spent waiting for steps to become visible."""
         self.read_latencies_s: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)

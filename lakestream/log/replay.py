@@ -108,6 +108,12 @@ class ReplayState:
         return self.next_offset // self.stream_meta.global_batch_size
 
     @property
+    def first_retained_step(self) -> int:
+        """The first step retention left whole: reclaims remove whole fragments, which may
+        end inside a step, and that step can no longer be read."""
+        return -(-self.reclaimed_below // self.stream_meta.global_batch_size)
+
+    @property
     def groups(self) -> list[str]:
         """Every consumer group the log knows: with markers or registered."""
         return sorted(set(self.markers) | set(self.registered))

@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         version = stream.retain(keep_last=args.keep_last)
         _out(args, {"version": version, "reclaimed_below_offset": stream.state.reclaimed_below},
              "nothing to reclaim" if version is None else
-             f"reclaimed below step {stream.state.reclaimed_below // stream.global_batch_size} "
+             f"reclaimed below step {stream.state.first_retained_step} "
              f"(offset {stream.state.reclaimed_below}) at version {version}")
     elif args.command == "gc":
         report = opened().gc(grace_seconds=args.grace)

@@ -23,7 +23,7 @@ def status(stream: Stream, keep_last: int = 2) -> dict[str, Any]:
     hint = read_hint(stream.store)
     orphans = list(unreferenced(stream.store, s))
     point = stream.retention_point(keep_last)
-    reclaimed = _reclaimed_step(stream)
+    reclaimed = stream.state.first_retained_step
     return {
         "uri": stream.uri,
         "version": s.version,
@@ -59,7 +59,7 @@ def groups(stream: Stream, keep_last: int = 2) -> dict[str, dict[str, Any]]:
     holds nothing)."""
     s = stream.state
     progress = list_progress(stream.store)
-    reclaimed = _reclaimed_step(stream)
+    reclaimed = stream.state.first_retained_step
     holds = {g: max(h, reclaimed) for g, h in group_holds(s, keep_last).items()}
     out = {}
     for g in sorted(set(s.groups) | set(progress)):
@@ -76,11 +76,6 @@ def groups(stream: Stream, keep_last: int = 2) -> dict[str, dict[str, Any]]:
             "holds_from_step": holds.get(g),
         }
     return out
-
-
-def _reclaimed_step(stream: Stream) -> int:
-    """The first step whose data retention has not reclaimed, as the log says."""
-    return -(-stream.state.reclaimed_below // stream.global_batch_size)
 
 
 def _progress(p: Progress) -> dict[str, Any]:
@@ -117,7 +112,7 @@ def removal_effect(stream: Stream, group: str, keep_last: int = 2) -> dict[str, 
     after_state.apply(after_state.version + 1, RemoveGroup(group))
     after = retention_point(after_state, keep_last)
     gained = {f.path for f in after.fragments} - {f.path for f in before.fragments}
-    reclaimed = _reclaimed_step(stream)
+    reclaimed = stream.state.first_retained_step
     held = group_holds(stream.state, keep_last).get(group)
     return {"held_from_step": None if held is None else max(held, reclaimed),
             "retention_step_before": max(before.step, reclaimed),

@@ -127,11 +127,10 @@ class OffsetReader:
             return step_lineage(view.recover(e), step, read, uri=view.uri)
 
     def _visible(self, s: ReplayState, what: str, lo: int, hi: int) -> list[Fragment]:
-        b = s.stream_meta.global_batch_size
         if lo < s.reclaimed_below:
             raise StepNotAvailableError(
-                f"{what} of {self._view.uri} was reclaimed by retention: data below step "
-                f"{-(-s.reclaimed_below // b)} is gone; resume from a retained checkpoint"
+                f"{what} of {self._view.uri} was reclaimed by retention: steps below "
+                f"{s.first_retained_step} cannot be read; resume from a retained checkpoint"
             )
         if hi > s.next_offset:
             raise StepNotAvailableError(

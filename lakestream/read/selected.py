@@ -357,6 +357,10 @@ class SelectedSteps:
         return {"stale_dropped": passed.stale_dropped, "filtered": passed.filtered,
                 "stale_masked": int(choice.stale.sum())}
 
+    def expect_overtaking(self, steps: int) -> None:
+        """Nothing to do: this cache keeps what it holds by its bound alone, not until a
+        later step begins."""
+
     def read(self, step: int, rank: int, world_size: int,
              columns: list[str] | None = None, *, alloc: Alloc | None = None) -> pa.Table:
         """Rank ``rank`` of ``world_size``'s rows of ``step``: its groups (by tokens with

@@ -126,6 +126,9 @@ class Steps(Protocol):
         producers' ``max_lag_steps`` follows)."""
     def counts(self, step: int) -> dict[str, int] | None:
         """Samples a read-time policy dropped or masked at ``step`` (None: it has none)."""
+    def expect_overtaking(self, steps: int) -> None:
+        """A reader keeps up to ``steps`` steps in flight: what a step shares with later
+        ones is kept until that many have begun after it."""
 
 
 CACHE_BYTES = 512 << 20
@@ -208,6 +211,9 @@ class MixSteps:
 
     def counts(self, step: int) -> dict[str, int] | None:
         return None
+
+    def expect_overtaking(self, steps: int) -> None:
+        self.cache.expect_overtaking(steps)
 
     def ended(self, step: int) -> bool:
         """Whether the mix ends before ``step`` (a sealed, non-cycling source ran out)."""

@@ -11,9 +11,10 @@ import pyarrow as pa
 import pytest
 
 import lakestream
+import lakestream.ops.status
 from lakestream.ops.args import parse_schema
 from lakestream.ops.cli import main
-from tests.helpers import SCHEMA, rows
+from tests.helpers import SCHEMA, ids, rows
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -316,3 +317,24 @@ def _strings(value: object) -> list[str]:
     if isinstance(value, list):
         return [x for v in value for x in _strings(v)]
     return []
+
+
+def test_the_cli_status_and_a_reader_name_one_first_retained_step(tmp_path, capsys) -> None:
+    """Retention removes whole fragments below the resume step; with fragments of 6 rows and
+    steps of 8 the fragment holding the step's start stays. The CLI, ``status`` and a
+    reader name the same first readable step, from one definition
+    (``ReplayState.first_retained_step``)."""
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=8, group_size=2)
+    for k in range(6):
+        s.append(rows(6 * k, 6))  # 36 rows: steps 0-3 whole
+    s.mark_checkpoint("train", 2)  # holds from offset 16: fragments [0, 6) and [6, 12) go
+    assert main(["retain", s.uri, "--keep-last", "1"]) == 0
+    out = capsys.readouterr().out
+    s.refresh()
+    assert s.state.first_retained_step == 2
+    assert [f.offset for f in s.state.all_fragments()][0] == 12
+    assert "reclaimed below step 2 (offset 16)" in out, out
+    assert lakestream.ops.status.status(s)["reclaimed_below_step"] == 2
+    with pytest.raises(lakestream.StepNotAvailableError, match="steps below 2 cannot be read"):
+        s.read_step(1)
+    assert ids(s.read_step(2)) == list(range(16, 24))
