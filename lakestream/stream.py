@@ -34,6 +34,7 @@ from lakestream.read.offsets import OffsetReader
 from lakestream.read.tensors import ColumnSink
 from lakestream.schema.conform import validate_schema
 from lakestream.store import ObjectStore, open_store
+from lakestream.store.diskcache import DiskCache
 
 log = logging.getLogger("lakestream")
 
@@ -51,12 +52,13 @@ class Stream:
     """
 
     def __init__(self, uri: str, store: ObjectStore, state: ReplayState, *,
-                 storage_options: dict[str, str] | None = None) -> None:
+                 storage_options: dict[str, str] | None = None,
+                 disk_cache: DiskCache | None = None) -> None:
         self.uri = uri
         self.store = store
         self.storage_options = storage_options
         self._view = LogView(uri, store, state)
-        self._reader = OffsetReader(self._view)
+        self._reader = OffsetReader(self._view, disk_cache)
 
     # -- opening -----------------------------------------------------------------------
 
@@ -76,8 +78,10 @@ class Stream:
         return cls(uri, store, create_log(store, uri, meta), storage_options=storage_options)
 
     @classmethod
-    def open(cls, uri: str, *, storage_options: dict[str, str] | None = None) -> Stream:
-        """Opens the stream at ``uri``.
+    def open(cls, uri: str, *, storage_options: dict[str, str] | None = None,
+             disk_cache: DiskCache | None = None) -> Stream:
+        """Opens the stream at ``uri``; its reads fetch fragments through ``disk_cache``, a
+        host's cache of them on local disk, if given (``lakestream.store.diskcache``).
 
         Reads the hint, the newest snapshot's manifest and the entries after it: requests,
         bytes and memory that grow neither with the log's length nor with the number of
@@ -89,7 +93,8 @@ class Stream:
             StoreError: the store failed.
         """
         store = open_store(uri, storage_options)
-        return cls(uri, store, load_state(store, uri), storage_options=storage_options)
+        return cls(uri, store, load_state(store, uri), storage_options=storage_options,
+                   disk_cache=disk_cache)
 
     def refresh(self) -> int:
         """Reads entries committed since the last look; returns the version now seen.

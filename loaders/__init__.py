@@ -13,6 +13,7 @@ from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.reader import StepReader
 from lakestream.loaders.resume import StreamMismatchError
 from lakestream.read.steps import Source
+from lakestream.store.diskcache import DiskCache
 
 
 def __getattr__(name: str) -> Any:
@@ -26,6 +27,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CheckpointLocationError", "Source", "StepReader", "StreamDataset", "StreamLoader",
-           "StreamMismatchError", "collate_table", "load_checkpoint", "resolve_rank",
-           "save_checkpoint", "worker_steps"]
+__all__ = ["CheckpointLocationError", "DiskCache", "Source", "StepReader", "StreamDataset",
+           "StreamLoader", "StreamMismatchError", "collate_table", "load_checkpoint",
+           "resolve_rank", "save_checkpoint", "worker_steps"]

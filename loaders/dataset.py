@@ -46,6 +46,8 @@ from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSte
 from lakestream.read.steps import Source, Steps, check_columns, mix_steps, stream_steps
 from lakestream.read.tensors import direct_columns
 from lakestream.schema.tensors import tensor_spec
+from lakestream.store import is_remote
+from lakestream.store.diskcache import DiskCache
 from lakestream.store.slots import cpu_slots
 from lakestream.stream import Stream
 
@@ -121,7 +123,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             training loop's thread. Defined at a module's top level if workers are used.
         read_threads: threads reading, collating and transforming steps; None: this rank's
             share of the host's cores less one (``loaders/host.py``: ``LOCAL_WORLD_SIZE``
-            ranks share the cores, a DataLoader's workers share the rank's), at least 1.
+            ranks share the cores, a DataLoader's workers share the rank's), at least 1,
+            and 4 more where reads wait on S3 or a ``disk_cache``.
             However many there are, per-byte work runs in at most that many at once
             (``lakestream.store.slots``): threads past it only wait for a remote store.
         prefetch: steps read ahead, in those threads; None: one per thread and two more.
@@ -141,6 +144,10 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         shuffle_window, seed, epochs: see above (default: log order, once, no end).
         max_staleness, on_stale, accept, accept_columns, balance: the read-time policy
             (default: none).
+        disk_cache: a ``DiskCache(folder, limit)`` that whole fragments are fetched through,
+            shared by every process on the host that names the same folder (ranks, their
+            DataLoader workers): each fragment is then fetched from the store once while
+            the cache holds it (``lakestream.store.diskcache``). Off by default.
 
     Raises:
         ValueError: a bad read-time policy (``accept`` a lambda, nested function or other
@@ -161,8 +168,12 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                  epochs: int | None = None, max_staleness: int | None = None,
                  on_stale: str = "drop", accept: Accept | None = None,
                  accept_columns: Sequence[str] | None = None,
-                 balance: str | None = None) -> None:
+                 balance: str | None = None, disk_cache: DiskCache | None = None) -> None:
         super().__init__()
+        if disk_cache is not None and not isinstance(disk_cache, DiskCache):
+            raise TypeError(f"disk_cache must be a lakestream DiskCache(folder, limit), got "
+                            f"{disk_cache!r}")
+        self.disk_cache = disk_cache
         if isinstance(uri, str):
             self.sources = [Source(uri, storage_options=storage_options)]
         else:
@@ -248,8 +259,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         each worker)."""
         if self._mix is None:
             base_step, starts = self._base
-            streams = [Stream.open(s.uri, storage_options=s.storage_options)
-                       for s in self.sources]
+            streams = [Stream.open(s.uri, storage_options=s.storage_options,
+                                   disk_cache=self.disk_cache) for s in self.sources]
             if self.policy.active:
                 self._mix = SelectedSteps(streams[0], self.policy, base_step, starts[0])
             else:
@@ -292,7 +303,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         in_process = info is None
-        threads = self.read_threads or default_read_threads(workers if info else 0)
+        waiting = self.disk_cache is not None or any(is_remote(s.uri) for s in self.sources)
+        threads = self.read_threads or default_read_threads(workers if info else 0, waiting)
         cpu_slots().resize(read_slots(workers if info else 0))
         delivery = Delivery(self.pin_memory and in_process, self.device if in_process else None)
         reader = StepReader(self.mix, self.rank, self.world_size, columns=self.columns,

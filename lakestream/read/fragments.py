@@ -21,6 +21,7 @@ from lakestream.log.fragments import read_whole
 from lakestream.read.pages import FastPage, chunk_pages
 from lakestream.read.tensors import Direct, PlainValues, plain_values
 from lakestream.store.base import ObjectStore, SeekableReader
+from lakestream.store.diskcache import DiskCache
 
 MAX_DECODED_BYTES_PER_ROW = 256 << 20
 """What a fragment may decode to, per row it holds, by the bound its footer gives: four times
@@ -177,8 +178,10 @@ class FragmentReader:
     """
 
     def __init__(self, store: ObjectStore, cache_size: int = 256, *,
-                 schema: pa.Schema | None = None) -> None:
+                 schema: pa.Schema | None = None, disk: DiskCache | None = None) -> None:
         self.store = store
+        self.disk = disk
+        """The host's disk cache that whole fragments are fetched through, if any."""
         self.schema = schema
         self._expected: dict[tuple[str, ...] | None,
                              tuple[list[str], list[pa.DataType], pa.Schema]] = {}
@@ -216,13 +219,20 @@ class FragmentReader:
             NotFoundError: the file is gone.
             CorruptLogError: it differs from what the log recorded.
         """
-        with _corrupt(path):
-            data = self.store.get_buffer(path, size)
+        def check(data: Any) -> None:
             n = memoryview(data).nbytes
             found = zlib_ng.crc32(data)
             if n != size or found != crc32:
                 raise ValueError(f"{n} bytes with CRC-32 {found}, the log recorded "
                                  f"{size} bytes with {crc32}: the file is damaged")
+
+        with _corrupt(path):
+            if self.disk is not None:
+                data = self.disk.fetch(self.store.uri, path, size, crc32,
+                                       lambda: self.store.get_buffer(path, size), check)
+            else:
+                data = self.store.get_buffer(path, size)
+                check(data)
         return pa.py_buffer(data)
 
     def cached_footer(self, path: str, size: int, crc32: int) -> Footer | None:

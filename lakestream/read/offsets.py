@@ -21,6 +21,7 @@ from lakestream.read.fragments import FragmentReader, LastStep
 from lakestream.read.lineage import StepLineage, step_lineage
 from lakestream.read.spans import read_spans
 from lakestream.read.tensors import ColumnSink
+from lakestream.store.diskcache import DiskCache
 
 
 class Readable(Protocol):
@@ -54,9 +55,10 @@ class Readable(Protocol):
 class OffsetReader:
     """Reads the samples of a view's stream by offset (see ``Stream.read_offsets``)."""
 
-    def __init__(self, view: LogView) -> None:
+    def __init__(self, view: LogView, disk: DiskCache | None = None) -> None:
         self._view = view
-        self._fragments = FragmentReader(view.store, schema=view.state.stream_meta.schema)
+        self._fragments = FragmentReader(view.store, schema=view.state.stream_meta.schema,
+                                         disk=disk)
 
     def read(self, spans: Sequence[tuple[int, int]], columns: list[str] | None = None, *,
              what: str | None = None, cache: FragmentCache | None = None,

@@ -8,7 +8,8 @@ from typing import Any
 from lakestream.store.base import ObjectMeta, ObjectStore, PutMode, check_key
 from lakestream.store.local import LocalStore
 
-__all__ = ["ObjectMeta", "ObjectStore", "PutMode", "check_key", "LocalStore", "open_filesystem",
+__all__ = ["ObjectMeta", "ObjectStore", "PutMode", "check_key", "is_remote", "LocalStore",
+           "open_filesystem",
            "open_store", "split_uri"]
 
 
@@ -34,6 +35,12 @@ def open_store(uri: str, storage_options: dict[str, str] | None = None) -> Objec
     elif scheme is not None:
         raise ValueError(f"unsupported stream URI {uri!r}: use a local path, file:// or s3://")
     return LocalStore(uri, fsync=_local_fsync(uri, storage_options or {}))
+
+
+def is_remote(uri: str) -> bool:
+    """Whether the store at ``uri`` answers over a network (``s3://``), where a read waits
+    on the store rather than the CPU."""
+    return split_uri(uri)[0] == "s3"
 
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(/*)(.*)", re.DOTALL)

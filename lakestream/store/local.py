@@ -19,7 +19,7 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.store.base import Buffer, ObjectMeta, PutMode, check_key, too_large
-from lakestream.store.pool import buffer_pool
+from lakestream.store.pool import read_file
 
 TMP_PREFIX = ".tmp-"
 
@@ -288,15 +288,7 @@ class LocalStore:
             try:
                 if found != size:  # the caller's check names the difference
                     return self._read(fd, 0, min(found, size + 1))
-                out = buffer_pool().array(size)
-                view = memoryview(out)  # type: ignore[arg-type]
-                at = 0
-                while at < size:
-                    n = os.preadv(fd, [view[at:]], at)
-                    if n == 0:
-                        return bytes(view[:at])  # cut meanwhile: the caller refuses it
-                    at += n
-                return out
+                return read_file(fd, size)  # cut meanwhile: short, the caller refuses it
             finally:
                 os.close(fd)
         except OSError as e:

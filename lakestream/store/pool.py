@@ -6,6 +6,7 @@ to fault in each 4 KiB page: about a CPU-second per GB delivered, more than the 
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 import weakref
 from collections import defaultdict
@@ -61,3 +62,17 @@ _POOL = BufferPool()
 def buffer_pool() -> BufferPool:
     """The process's pool (what every reader of the process fills)."""
     return _POOL
+
+
+def read_file(fd: int, size: int) -> np.ndarray | bytes:
+    """The first ``size`` bytes of the open file ``fd``, read (``preadv``) into a block of
+    the process's pool; fewer, as ``bytes``, if the file ends sooner."""
+    out = buffer_pool().array(size)
+    view = memoryview(out)  # type: ignore[arg-type]
+    at = 0
+    while at < size:
+        n = os.preadv(fd, [view[at:]], at)
+        if n == 0:
+            return bytes(view[:at])
+        at += n
+    return out

@@ -154,6 +154,7 @@ def test_read_threads_follow_the_cores_and_the_ranks_sharing_them(monkeypatch) -
     monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert default_read_threads() == 1  # the other core runs the training loop
+    assert default_read_threads(waiting=True) == 5  # 4 more fetches in flight, out of the slot
     assert default_prefetch(15) == 17
 
 

@@ -1,0 +1,242 @@
+"""The host's disk cache of fragments: each fetched once while held, whichever process asks;
+nothing served that does not match the log's CRC-32; a writer killed mid-fill leaves nothing
+served; the entries held within the limit."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from zlib_ng import zlib_ng
+
+import lakestream
+from lakestream.loaders import DiskCache, StreamDataset
+from lakestream.producers import Producer
+from lakestream.store.s3 import S3Store
+from tests.helpers import SCHEMA, rows
+from tests.s3server import BUCKET
+
+STORE = "s3://bucket/stream"
+
+
+def _checker(body: bytes) -> Any:
+    size, crc = len(body), zlib_ng.crc32(body)
+
+    def check(data: Any) -> None:
+        view = memoryview(data).cast("B")
+        if view.nbytes != size or zlib_ng.crc32(view) != crc:
+            raise ValueError("damaged")
+
+    return check
+
+
+def _fetch(cache: DiskCache, body: bytes, loads: list[int], key: str = "data/p/a.parquet"
+           ) -> bytes:
+    def load() -> bytes:
+        loads.append(1)
+        return body
+
+    return bytes(memoryview(cache.fetch(STORE, key, len(body), zlib_ng.crc32(body), load,
+                                        _checker(body))).cast("B"))
+
+
+def _entries(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
+            and ".locks" not in p.parts]
+
+
+@pytest.fixture(params=["disk", "disk direct", "tmpfs direct"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """(folder, direct): a cache on the disk through the page cache and around it, and on
+    tmpfs, which refuses ``O_DIRECT`` (read and written through the page cache then)."""
+    if not request.param.startswith("tmpfs"):
+        yield tmp_path, request.param.endswith("direct")
+        return
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no tmpfs at /dev/shm on this host")
+    root = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    yield root, True
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_fragment_is_fetched_once_then_served_from_disk(where: tuple[Path, bool]) -> None:
+    folder, direct = where
+    cache, loads = DiskCache(str(folder), 1 << 20, direct=direct), []
+    body = os.urandom(5000)
+    assert _fetch(cache, body, loads) == body
+    again = DiskCache(str(folder), 1 << 20, direct=direct)  # another process
+    assert _fetch(again, body, loads) == body
+    assert loads == [1] and cache.misses == 1 and cache.fetched_bytes == 5000
+    assert again.hits == 1
+    # two log entries naming one key with other contents are two files to the cache
+    other = os.urandom(5000)
+    assert _fetch(cache, other, loads) == other and loads == [1, 1]
+    [entry] = [p for p in _entries(folder) if p.name.endswith(f"-{zlib_ng.crc32(body):08x}")]
+    assert entry.read_bytes() == body  # whole, cut to its size after a direct write
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_damaged_entry_is_fetched_again_not_served(tmp_path: Path, direct: bool) -> None:
+    cache, loads = DiskCache(str(tmp_path), 1 << 20, direct=direct), []
+    body = os.urandom(5000)
+    _fetch(cache, body, loads)
+    [entry] = _entries(tmp_path)
+    damaged = bytearray(entry.read_bytes())
+    damaged[100] ^= 0xFF
+    entry.write_bytes(bytes(damaged))
+    assert _fetch(cache, body, loads) == body and loads == [1, 1]
+    entry.write_bytes(body[:10])  # cut short
+    assert _fetch(cache, body, loads) == body and loads == [1, 1, 1]
+    assert entry.read_bytes() == body
+
+
+def test_damaged_bytes_from_the_store_raise_and_are_not_kept(tmp_path: Path) -> None:
+    cache = DiskCache(str(tmp_path), 1 << 20)
+    body = os.urandom(5000)
+    with pytest.raises(ValueError, match="damaged"):
+        cache.fetch(STORE, "data/p/a.parquet", 5000, zlib_ng.crc32(body),
+                    lambda: body[:-1] + b"x", _checker(body))
+    assert _entries(tmp_path) == []
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_entries_stay_within_the_limit_least_recently_used_first(tmp_path: Path,
+                                                                     direct: bool) -> None:
+    limit = 3 * 4096 + 100  # three entries of a page each
+    cache, loads = DiskCache(str(tmp_path), limit, direct=direct), []
+    bodies = [os.urandom(4096) for _ in range(5)]
+    for i in range(3):
+        _fetch(cache, bodies[i], loads, key=f"data/p/{i}.parquet")
+        time.sleep(0.02)  # distinct access times
+    _fetch(cache, bodies[0], loads, key="data/p/0.parquet")  # 0 used last: 1 is oldest
+    assert len(loads) == 3
+    _fetch(cache, bodies[3], loads, key="data/p/3.parquet")
+    assert sum(p.stat().st_size for p in _entries(tmp_path)) <= limit
+    assert len(loads) == 4
+    _fetch(cache, bodies[0], loads, key="data/p/0.parquet")
+    assert len(loads) == 4  # kept
+    _fetch(cache, bodies[1], loads, key="data/p/1.parquet")
+    assert len(loads) == 5  # evicted
+    big = os.urandom(20_000)  # larger than the limit: served, never kept
+    assert _fetch(cache, big, loads, key="data/p/big.parquet") == big
+    assert sum(p.stat().st_size for p in _entries(tmp_path)) <= limit
+
+
+def _fill(root: str, body: bytes, log: str, start: Any) -> None:
+    cache = DiskCache(root, 1 << 20)
+    start.wait()
+
+    def load() -> bytes:
+        with open(log, "a") as f:
+            f.write("load\n")
+        time.sleep(0.3)
+        return body
+
+    got = cache.fetch(STORE, "data/p/a.parquet", len(body), zlib_ng.crc32(body), load,
+                      _checker(body))
+    assert bytes(memoryview(got).cast("B")) == body
+
+
+def test_processes_that_miss_at_once_fetch_once(tmp_path: Path) -> None:
+    body = os.urandom(100_000)
+    ctx = mp.get_context("fork")
+    start = ctx.Event()
+    log = str(tmp_path / "loads.txt")
+    procs = [ctx.Process(target=_fill, args=(str(tmp_path / "c"), body, log, start))
+             for _ in range(4)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert Path(log).read_text() == "load\n"
+
+
+_KILLED_WHILE_FILLING = r"""
+import os, sys, time
+from zlib_ng import zlib_ng
+from lakestream.store import diskcache
+from lakestream.store.diskcache import DiskCache
+body = bytes(range(256)) * 4000
+def stalled(src, dst):
+    print("writing", flush=True)
+    time.sleep(60)
+diskcache.os.replace = stalled  # the entry's bytes are written, not yet in place
+def check(data):
+    if zlib_ng.crc32(data) != zlib_ng.crc32(body):
+        raise ValueError("damaged")
+DiskCache(sys.argv[1], 1 << 30).fetch("s3://bucket/stream", "data/p/a.parquet", len(body),
+                                      zlib_ng.crc32(body), lambda: body, check)
+"""
+
+
+def test_a_reader_killed_while_filling_leaves_nothing_served(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_WHILE_FILLING, str(root)],
+                             stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "writing\n"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    left = [p.name for p in root.rglob("*") if p.is_file() and ".locks" not in p.parts]
+    assert any(".tmp-" in name for name in left)  # the torn fill is there, unnamed
+    body = bytes(range(256)) * 4000
+    loads: list[int] = []
+    assert _fetch(DiskCache(str(root), 1 << 30), body, loads) == body
+    assert loads == [1]  # fetched again (the dead writer's lock went with it), no error
+
+
+def test_a_cache_limit_must_be_a_byte_count(tmp_path: Path) -> None:
+    for bad in (-1, True, 1.5, "20GB"):
+        with pytest.raises(ValueError, match="cache_limit must be a number of bytes"):
+            DiskCache(str(tmp_path), bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="disk_cache must be a lakestream DiskCache"):
+        StreamDataset(str(tmp_path), group=None, disk_cache=str(tmp_path))  # type: ignore
+
+
+def test_a_second_pass_over_s3_fetches_no_fragment(tmp_path: Path, s3_options: dict[str, str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two passes over a stream on SeaweedFS through the cache: the second fetches no
+    fragment from the store (counted at the store), and both give the uncached batches."""
+    uri = f"s3://{BUCKET}/diskcache-{os.getpid()}-{time.monotonic_ns()}"
+    lakestream.create(uri, SCHEMA, global_batch_size=8, storage_options=s3_options)
+    with Producer(uri, "p", storage_options=s3_options) as p:
+        for k in range(6):
+            p.write(rows(8 * k, 8))
+    fetched: list[str] = []
+    real = S3Store.get_buffer
+
+    def counted(self: S3Store, key: str, size: int) -> Any:
+        fetched.append(key)
+        return real(self, key, size)
+
+    monkeypatch.setattr(S3Store, "get_buffer", counted)
+
+    def one_pass(cache: DiskCache | None) -> list[list[int]]:
+        ds = StreamDataset(uri, group=None, storage_options=s3_options, max_steps=6,
+                           disk_cache=cache)
+        return [b["id"].tolist() for b in ds]
+
+    plain = one_pass(None)
+    assert len(fetched) == 6
+    cache = DiskCache(str(tmp_path / "cache"), 1 << 30)
+    assert one_pass(cache) == plain and len(fetched) == 12
+    assert one_pass(cache) == plain and len(fetched) == 12  # all from the disk
+    assert cache.hits == 6 and cache.misses == 6
+    assert np.array_equal(sorted(sum(plain, [])), np.arange(48))
