@@ -30,6 +30,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -46,8 +47,10 @@ STRIPES = 1024
 STALE_TMP_S = 3600.0
 """A temporary file this old was left by a killed writer (a fill takes one GET)."""
 RESCAN_INSERTS = 256
-"""Inserts by one process between scans of the folder that set the usage from the disk
-(what a killed process added and never counted)."""
+"""Inserts on the host between counts of the usage from the disk (what a killed process
+reserved and never wrote, or wrote and never counted)."""
+LOW_WATER = 0.9
+"""An insert that would pass the limit evicts down to this share of it."""
 _TMP = ".tmp-"
 
 
@@ -72,7 +75,6 @@ class DiskCache:
         os.makedirs(os.path.join(self.root, ".locks"), exist_ok=True)
         self.hits = self.misses = self.fetched_bytes = 0
         """Reads served from the disk, from the store, and the bytes the store served."""
-        self._inserts = 0
 
     def __repr__(self) -> str:
         return f"DiskCache({self.root!r}, limit={self.limit})"
@@ -82,26 +84,35 @@ class DiskCache:
         """The fragment ``key`` of the store at URI ``store``, ``size`` bytes with CRC-32
         ``crc32``: from the disk if held and ``check`` passes on it, else ``load()``ed,
         checked and kept. ``check`` raises (ValueError) on bytes that differ from the log's
-        record; raised on what the store served, it reaches the caller."""
+        record; raised on what the store served, it reaches the caller. A failure of the
+        cache's own disk (unreadable, full, read-only) is a miss: the store serves."""
         path = os.path.join(self.root, hashlib.sha256(store.encode()).hexdigest()[:16],
                             f"{key}~{size}-{crc32:08x}")
         data = self._held(path, size, check)
         if data is not None:
             return data
-        with self._locked(str(_stripe(path))):
-            data = self._held(path, size, check)  # another process filled it meanwhile
-            if data is not None:
-                return data
+        lock = self._lock(str(_stripe(path)))
+        try:
+            if lock is not None:
+                data = self._held(path, size, check)  # another process filled it meanwhile
+                if data is not None:
+                    return data
             data = load()
             check(data)
             self.misses += 1
             self.fetched_bytes += size
-            if _padded(size) <= self.limit:
+            if lock is not None and _padded(size) <= self.limit:
                 self._insert(path, data, size)
-        return data
+            return data
+        finally:
+            if lock is not None:
+                _unlock(lock)
 
     def _held(self, path: str, size: int, check: Callable[[Buffer], None]) -> Buffer | None:
-        data = _read(path, size, self.direct)
+        try:
+            data = _read(path, size, self.direct)
+        except OSError:  # the cache's disk failed: a miss
+            return None
         if data is None:
             return None
         try:
@@ -109,7 +120,7 @@ class DiskCache:
                 raise ValueError("not the size the log records")
             check(data)
         except ValueError:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(path)  # damaged on disk: fetched again
             return None
         with contextlib.suppress(OSError):
@@ -117,47 +128,82 @@ class DiskCache:
         self.hits += 1
         return data
 
-    @contextlib.contextmanager
-    def _locked(self, name: str) -> Iterator[None]:
-        fd = os.open(os.path.join(self.root, ".locks", name),
-                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    def _lock(self, name: str) -> int | None:
+        """The lock file ``name``, locked (``flock``): its descriptor, None if the cache's
+        disk fails. Waited for out of the CPU slot: another process holds it."""
         try:
-            with cpu_slots().waiting():  # waiting on another process: no CPU of ours
+            fd = os.open(os.path.join(self.root, ".locks", name),
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return None
+        _HELD.add(fd)
+        try:
+            with cpu_slots().waiting():
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # and the lock with it
+        except OSError:
+            _unlock(fd)
+            return None
+        except BaseException:
+            _unlock(fd)
+            raise
+        return fd
 
     def _insert(self, path: str, data: Buffer, size: int) -> None:
-        with self._locked("usage"):
-            usage = self._usage()
-            self._inserts += 1
-            writing = _padded(size)  # a direct write's file, before its cut
-            if usage is None or usage + writing > self.limit \
-                    or self._inserts % RESCAN_INSERTS == 0:
-                usage = self._evict(self.limit - writing)
-            tmp = f"{path}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                _write(tmp, data, size, self.direct)
-                os.replace(tmp, path)
-            except OSError:  # a full or read-only disk: serve what was fetched, keep nothing
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                return
-            self._set_usage(usage + size)
+        """Keeps ``data`` at ``path``: its room reserved first (evicting what must go), then
+        written under a temporary name and renamed into place; on a failing disk, nothing."""
+        writing = _padded(size)  # a direct write's file, before its cut
+        if not self._account(writing):
+            return
+        tmp = f"{path}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _write(tmp, data, size, self.direct)
+            os.replace(tmp, path)
+        except OSError:  # a full or read-only disk: serve what was fetched, keep nothing
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            self._account(-writing)
 
-    def _usage(self) -> int | None:
+    def _account(self, n: int) -> bool:
+        """Adds ``n`` bytes to the usage, under the host's usage lock: a reservation
+        (``n > 0``) first evicts the least recently used entries if it would pass the
+        limit, down to ``LOW_WATER`` of it, so that the inserts after it need not; every
+        ``RESCAN_INSERTS`` the usage is counted again from the disk. False if the cache's
+        disk fails."""
+        lock = self._lock("usage")
+        if lock is None:
+            return False
+        try:
+            usage, inserts = self._usage()
+            if n > 0:
+                inserts += 1
+                over = usage is None or usage + n > self.limit
+                if over or inserts >= RESCAN_INSERTS:
+                    room = self.limit - n
+                    usage = self._evict(min(room, int(self.limit * LOW_WATER)) if over
+                                        else room)
+                    inserts = 0
+            self._set_usage(max(0, (usage or 0) + n), inserts)
+            return True
+        except OSError:
+            return False
+        finally:
+            _unlock(lock)
+
+    def _usage(self) -> tuple[int | None, int]:
+        """(bytes the entries hold, inserts since the last count) as ``.usage`` says; None
+        for the bytes where it cannot be read."""
         try:
             with open(os.path.join(self.root, ".usage")) as f:
-                return int(f.read())
+                held, inserts = f.read().split()
+            return int(held), int(inserts)
         except (OSError, ValueError):
-            return None
+            return None, 0
 
-    def _set_usage(self, n: int) -> None:
+    def _set_usage(self, n: int, inserts: int) -> None:
         tmp = os.path.join(self.root, f".usage{_TMP}{os.getpid()}")
         with open(tmp, "w") as f:
-            f.write(str(n))
+            f.write(f"{n} {inserts}")
         os.replace(tmp, os.path.join(self.root, ".usage"))
 
     def _evict(self, room: int) -> int:
@@ -165,14 +211,18 @@ class DiskCache:
         and temporary files left by killed writers; returns what the entries hold."""
         entries: list[tuple[float, int, str]] = []
         now = time.time()
+        filling = 0  # temporary files of fills under way, at the size reserved for them
         for path, st in _files(self.root):
             if _TMP in os.path.basename(path):
                 if now - st.st_mtime > STALE_TMP_S:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
+                else:
+                    reserved = _RESERVED.search(os.path.basename(path))
+                    filling += _padded(int(reserved.group(1))) if reserved else st.st_size
                 continue
             entries.append((st.st_mtime, st.st_size, path))
-        held = sum(size for _, size, _ in entries)
+        held = filling + sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if held <= room:
                 break
@@ -184,6 +234,29 @@ class DiskCache:
 
 _DIRECT = getattr(os, "O_DIRECT", 0)
 _ALIGN = 4096
+
+
+_RESERVED = re.compile(r"~(\d+)-[0-9a-f]{8}" + re.escape(_TMP))
+"""The size in a temporary file's name (its entry's, before the temporary suffix)."""
+_HELD: set[int] = set()
+"""Lock files this process has open: a forked child closes its copies, or a lock held here
+when it forked would stay held until the child exits."""
+
+
+def _unlock(fd: int) -> None:
+    _HELD.discard(fd)
+    os.close(fd)  # and the lock with it, once no forked copy holds it
+
+
+def _close_held_after_fork() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_after_fork)
 
 
 def _padded(size: int) -> int:

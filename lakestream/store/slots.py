@@ -52,7 +52,16 @@ class CpuSlots:
                 return
             turn = threading.Event()
             self._queue.append(turn)
-        turn.wait()
+        try:
+            turn.wait()
+        except BaseException:  # interrupted while queued: give back the slot if handed one
+            with self._lock:
+                if turn in self._queue:
+                    self._queue.remove(turn)
+                else:
+                    self._busy -= 1
+                    self._admit()
+            raise
 
     def _give(self) -> None:
         with self._lock:

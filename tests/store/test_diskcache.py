@@ -4,6 +4,7 @@ served; the entries held within the limit."""
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import os
 import shutil
@@ -240,3 +241,48 @@ def test_a_second_pass_over_s3_fetches_no_fragment(tmp_path: Path, s3_options: d
     assert one_pass(cache) == plain and len(fetched) == 12  # all from the disk
     assert cache.hits == 6 and cache.misses == 6
     assert np.array_equal(sorted(sum(plain, [])), np.arange(48))
+
+
+def test_a_child_forked_during_a_fill_does_not_keep_its_lock(tmp_path: Path) -> None:
+    """A reader forking (a DataLoader's workers) while one of its threads fills an entry:
+    the child's copy of the lock file is closed, so the lock goes when the fill ends, not
+    when the child exits."""
+    cache = DiskCache(str(tmp_path), 1 << 20)
+    body = os.urandom(5000)
+    child: list[int] = []
+
+    def load() -> bytes:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child outlives the fill
+            time.sleep(5)
+            os._exit(0)
+        child.append(pid)
+        return body
+
+    try:
+        cache.fetch(STORE, "data/p/a.parquet", len(body), zlib_ng.crc32(body), load,
+                    _checker(body))
+        stripes = list((tmp_path / ".locks").iterdir())
+        assert stripes
+        for lock in stripes:
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no one holds it
+            finally:
+                os.close(fd)
+    finally:
+        for pid in child:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def test_a_failing_cache_disk_is_a_miss_not_an_error(tmp_path: Path) -> None:
+    """The cache's own folder broken (here its locks are a file, not a folder): the store
+    serves every read, and nothing says the fragment is damaged."""
+    cache, loads = DiskCache(str(tmp_path), 1 << 20), []
+    shutil.rmtree(tmp_path / ".locks")
+    (tmp_path / ".locks").write_text("not a folder")
+    body = os.urandom(5000)
+    assert _fetch(cache, body, loads) == body
+    assert _fetch(cache, body, loads) == body
+    assert loads == [1, 1]
