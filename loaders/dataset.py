@@ -41,6 +41,7 @@ from lakestream.loaders.resume import (
     refuse_worker_state,
     worker_next,
 )
+from lakestream.loaders.watchdog import watch_parent
 from lakestream.log.entries import check_group
 from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
 from lakestream.read.steps import Source, Steps, check_columns, mix_steps, stream_steps
@@ -297,12 +298,18 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         state["last_reader"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        watch_parent()  # a spawned DataLoader worker gets the dataset first of all
+
     # -- iteration --------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         in_process = info is None
+        if not in_process:
+            watch_parent()
         waiting = self.disk_cache is not None or any(is_remote(s.uri) for s in self.sources)
         threads = self.read_threads or default_read_threads(workers if info else 0, waiting)
         cpu_slots().resize(read_slots(workers if info else 0))
