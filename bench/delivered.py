@@ -1,0 +1,132 @@
+"""What the trainer sees of freshness: from each sample's ``write()`` to its delivery in a
+batch by a ``StreamDataset`` tailing the stream on the same host.
+
+Usage: .venv/bin/python bench/delivered.py [--producers 4] [--rate 100] [--duration 6]
+       [--reps 3]
+Writes bench/results/delivered.json.
+
+N producer processes each write a group of 4 samples (64 tokens each) every 1/rate seconds
+on a fixed schedule, each sample carrying the time its ``write()`` was called. One process
+iterates ``StreamDataset(uri, group=None)`` (global batch 16, the defaults) and notes when
+each batch arrives; latency is arrival minus write time, per sample. Also: commits per
+producer, and fragments per step. The stream is on tmpfs; repetitions run one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reps import median  # noqa: E402
+from spawn import run_workers  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+G, B, TOKENS = 4, 16, 64
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("tokens", pa.list_(pa.int32())), ("producer", pa.int32()),
+                      ("written", pa.float64())])
+
+
+def _producer(uri: str, k: int, start_at: float, duration: float, rate: float,
+              out: Any) -> None:
+    import numpy as np
+
+    from lakestream.producers import Producer
+
+    tokens = [list(range(TOKENS))] * G
+    with Producer(uri, f"p{k}") as p:
+        time.sleep(max(0.0, start_at - time.time()))
+        for n in range(int(duration * rate)):
+            time.sleep(max(0.0, start_at + n / rate - time.time()))
+            p.write({"tokens": tokens, "producer": np.full(G, k, np.int32),
+                     "written": np.full(G, time.time())})
+        p.flush()
+        out.put({"k": k, "commits": p.stats.commits, "conflicts": p.stats.conflicts})
+
+
+def _reader(uri: str, expected: int, until: float, out: Any) -> None:
+    from lakestream.loaders import StreamDataset
+
+    ds = StreamDataset(uri, group=None, timeout=max(1.0, until - time.time()),
+                       max_steps=expected // B)
+    lat: list[float] = []
+    by: dict[int, list[float]] = {}
+    for batch in ds:
+        now = time.time()
+        for w, k in zip(batch["written"].tolist(), batch["producer"].tolist(), strict=True):
+            lat.append(now - w)
+            by.setdefault(int(k), []).append(now - w)
+    stream = ds.mix.streams[0]
+    out.put({"reader": True, "lat": lat, "by": by,
+             "fragments": sum(1 for _ in stream.state.all_fragments()),
+             "versions": stream.version})
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def run(producers: int, rate: float, duration: float, root: str) -> dict[str, Any]:
+    import lakestream
+
+    uri = tempfile.mkdtemp(dir=root) + "/s"
+    lakestream.create(uri, _schema(), global_batch_size=B, group_size=G)
+    start = time.time() + 4.0  # the processes start and open the stream first
+    expected = producers * int(duration * rate) * G
+    args: list[tuple[Any, ...]] = [(uri, k, start, duration, rate) for k in range(producers)]
+    results = run_workers(_dispatch, [("p", *a) for a in args]
+                          + [("r", uri, expected, start + duration + 60)], timeout=600)
+    reader = next(r for r in results if r.get("reader"))
+    commits = sorted(r["commits"] for r in results if "k" in r)
+    per = {k: 1e3 * _pct(v, 0.99) for k, v in reader["by"].items()}
+    return {"producers": producers, "rate": rate, "duration": duration,
+            "samples": len(reader["lat"]), "p50_ms": 1e3 * _pct(reader["lat"], 0.5),
+            "p99_ms": 1e3 * _pct(reader["lat"], 0.99), "p99_ms_by_producer": per,
+            "p99_max_over_min": max(per.values()) / max(1e-9, min(per.values())),
+            "commits": commits, "fragments": reader["fragments"],
+            "versions": reader["versions"],
+            "fragments_per_step": reader["fragments"] / max(1, len(reader["lat"]) // B)}
+
+
+def _dispatch(kind: str, *args: Any) -> None:
+    (_producer if kind == "p" else _reader)(*args)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--producers", type=int, default=4)
+    ap.add_argument("--rate", type=float, default=100.0)
+    ap.add_argument("--duration", type=float, default=6.0)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default=str(RESULTS / "delivered.json"))
+    args = ap.parse_args()
+    root = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
+    reps = []
+    for rep in range(args.reps):
+        r = run(args.producers, args.rate, args.duration, root)
+        reps.append(r)
+        print(rep, {k: v for k, v in r.items() if k != "p99_ms_by_producer"}, flush=True)
+    p99 = [r["p99_ms"] for r in reps]
+    summary = {"reps": reps, "p50_ms": median([r["p50_ms"] for r in reps]),
+               "p99_ms": median(p99), "p99_ms_min": min(p99), "p99_ms_max": max(p99)}
+    RESULTS.mkdir(exist_ok=True)
+    Path(args.out).write_text(json.dumps(summary, indent=1))
+    print(f"write -> delivered p50 {summary['p50_ms']:.0f} ms, p99 {summary['p99_ms']:.0f} ms "
+          f"({summary['p99_ms_min']:.0f}-{summary['p99_ms_max']:.0f})")
+
+
+if __name__ == "__main__":
+    main()
