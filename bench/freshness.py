@@ -73,8 +73,11 @@ def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
             sent.append(time.time())
             p.write(groups[n % 8])
         p.flush()
+        from lakestream.log import put as resolving
+
         out.put({"k": k, "sent": sent, "landed": landed, "commits": p.stats.commits,
-                 "conflicts": p.stats.conflicts, "attempts": p.stats.attempts})
+                 "conflicts": p.stats.conflicts, "attempts": p.stats.attempts,
+                 "resolved": resolving.resolved})
 
 
 def _reader(uri: str, options: dict[str, str] | None, start_at: float, until: float,
@@ -209,6 +212,7 @@ def run(store: str, producers: int, rate: float, duration: float, tmp: str,
         "worst_over_best_p99": max(p99s) / max(1e-9, min(p99s)),
         "commits_max_over_min": max(cs) / max(1, min(cs)),
         "conflict_rate": conflicts / max(1, attempts),
+        "resolved_puts": sum(r.get("resolved", 0) for r in results if "sent" in r),
         "gets_per_s_at_rest": reader["rest_gets"] / REST_S,
         "gets_per_s_loaded": (reader["gets"] - reader["rest_gets"]) / loaded_s,
         "per_producer": rows,

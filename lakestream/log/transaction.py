@@ -31,6 +31,7 @@ from lakestream.failpoints import failpoint
 from lakestream.log.codec import encode_entry, entry_digest
 from lakestream.log.entries import Compacted, Entry, Link, log_key, new_commit_id
 from lakestream.log.opening import load_state
+from lakestream.log.put import put_entry
 from lakestream.log.replay import ReplayState
 from lakestream.log.snapshot import write_snapshot
 from lakestream.log.tail import catch_up, read_entry
@@ -226,9 +227,9 @@ class Transaction:
             data = encode_entry(entry, state.digest)
             self._build_s = time.monotonic() - t_build
             try:
-                store.put(log_key(version), data, mode="create")
+                put_entry(store, log_key(version), data)
             except AlreadyExistsError:
-                pass  # lost the race, or an earlier attempt of ours landed: read the winner
+                pass  # lost the race, or an attempt of ours landed: read the winner
             except StoreError:
                 unknown = True
             else:
