@@ -9,10 +9,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lakestream.errors import AlreadyExistsError
+from lakestream.schema.tensors import tensor_spec
 from lakestream.store.base import ObjectStore
 
 ROW_GROUP_TARGET_BYTES = 1 << 20
 """Row groups of about 1 MiB (decoded) let a rank slice read little of a large fragment."""
+TENSOR_ROW_GROUP_BYTES = 4 << 20
+"""Row groups of a table with a tensor column: its values are copied from the file without
+a decode (``lakestream.read.tensors``), and each row group costs the reader's thread a page
+header to parse and a copy to start, under the GIL; a 9.6 MB batch of 64 images came in
+eleven row groups at 1 MiB, three at 4 MiB."""
 ENCODE_SLACK_BYTES, COLUMN_SLACK_BYTES = 64 << 10, 1 << 10
 """Room past an eighth over a table's Arrow size that its encoding is given, and more per
 column (levels, page headers, the footer): a file that does not fit is encoded again into a
@@ -61,6 +67,13 @@ def read_whole(size: int, wanted: float = 0.0) -> bool:
     return size <= WHOLE_FILE_BYTES or (wanted >= 0.5 and size <= MOSTLY_READ_MAX_BYTES)
 
 
+def _is_tensor(field: pa.Field) -> bool:
+    try:
+        return tensor_spec(field) is not None
+    except ValueError:
+        return False  # malformed metadata: the schema's checks say what is wrong
+
+
 def _fixed_width(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) \
         or pa.types.is_temporal(t) and not pa.types.is_interval(t)
@@ -96,7 +109,9 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
     if nbytes is None:
         nbytes = table.nbytes
     per_row = max(1, nbytes // max(1, n))
-    rows = max(group_size, (ROW_GROUP_TARGET_BYTES // per_row) // group_size * group_size)
+    target = TENSOR_ROW_GROUP_BYTES if any(_is_tensor(f) for f in table.schema) \
+        else ROW_GROUP_TARGET_BYTES
+    rows = max(group_size, (target // per_row) // group_size * group_size)
     scalar = [f.name for f in table.schema if not _is_nested(f.type)]
     dictionary = [name for name in scalar if not _fixed_width(table.schema.field(name).type)]
     checksums = nbytes > WHOLE_FILE_BYTES // 2
