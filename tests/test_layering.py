@@ -27,7 +27,7 @@ LAYERS = {
             ("log.replay",),
             ("log.tail", "log.inventory", "log.retention"),
             ("log.snapshot",),
-            ("log.head", "log.opening"),
+            ("log.head", "log.opening", "log.put"),
             ("log.transaction",),
             ("log.view", "log.compaction"),
             ("log.commits", "log.gc")),

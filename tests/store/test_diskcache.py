@@ -250,10 +250,12 @@ def test_a_child_forked_during_a_fill_does_not_keep_its_lock(tmp_path: Path) -> 
     cache = DiskCache(str(tmp_path), 1 << 20)
     body = os.urandom(5000)
     child: list[int] = []
+    started, ready = os.pipe()
 
     def load() -> bytes:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child outlives the fill
+            os.write(ready, b"x")  # past fork's handlers: its copies of the locks are closed
             time.sleep(5)
             os._exit(0)
         child.append(pid)
@@ -262,6 +264,7 @@ def test_a_child_forked_during_a_fill_does_not_keep_its_lock(tmp_path: Path) -> 
     try:
         cache.fetch(STORE, "data/p/a.parquet", len(body), zlib_ng.crc32(body), load,
                     _checker(body))
+        assert os.read(started, 1) == b"x"
         stripes = list((tmp_path / ".locks").iterdir())
         assert stripes
         for lock in stripes:
@@ -274,6 +277,8 @@ def test_a_child_forked_during_a_fill_does_not_keep_its_lock(tmp_path: Path) -> 
         for pid in child:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+        os.close(started)
+        os.close(ready)
 
 
 def test_a_failing_cache_disk_is_a_miss_not_an_error(tmp_path: Path) -> None:
