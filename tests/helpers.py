@@ -9,6 +9,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -217,3 +218,17 @@ def edit_entry(data: bytes, **info: Any) -> bytes:
             fields[key] = value
     fields["crc32"] = lines_checksum(lines)
     return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in lines).encode()
+
+
+def child_pids(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` now (from ``/proc``)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found

@@ -12,18 +12,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry.name))
-    return found
+from tests.helpers import child_pids
 
 
 def _alive(pid: int) -> bool:
@@ -47,7 +36,7 @@ def test_a_stopped_demo_leaves_no_process_and_no_folder(tmp_path: Path, sig: int
     try:
         deadline = time.monotonic() + 60
         while len(children) < 5 and time.monotonic() < deadline:  # 3 rollouts, 2 ranks
-            children = {c for c in _children(demo.pid) if _alive(c)}
+            children = {c for c in child_pids(demo.pid) if _alive(c)}
             time.sleep(0.05)
         assert len(children) == 5, children
         assert [p.name for p in temp.iterdir()][0].startswith("lakestream-demo-")

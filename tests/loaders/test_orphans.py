@@ -14,7 +14,7 @@ import pytest
 
 import lakestream
 from lakestream.producers import Producer
-from tests.helpers import SCHEMA, rows
+from tests.helpers import SCHEMA, child_pids, rows
 
 _TRAINER = r"""
 import sys
@@ -27,19 +27,6 @@ it = iter(loader)
 print("got", int(next(it)["step"]), flush=True)
 next(it)  # never comes
 """
-
-
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry.name))
-    return found
 
 
 def _cmdline(pid: int) -> str:
@@ -69,7 +56,7 @@ def test_killing_the_trainer_leaves_no_worker_waiting(tmp_path: Path, context: s
     workers: set[int] = set()
     try:
         assert trainer.stdout is not None and trainer.stdout.readline() == "got 0\n"
-        workers = _children(trainer.pid)
+        workers = child_pids(trainer.pid)
         assert workers, "the DataLoader started no worker"
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait(30)
