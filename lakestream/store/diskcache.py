@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from lakestream.store.base import Buffer
+from lakestream.store.base import Buffer, check_key
 from lakestream.store.pool import buffer_pool, read_file
 from lakestream.store.slots import cpu_slots
 
@@ -85,9 +85,14 @@ class DiskCache:
         ``crc32``: from the disk if held and ``check`` passes on it, else ``load()``ed,
         checked and kept. ``check`` raises (ValueError) on bytes that differ from the log's
         record; raised on what the store served, it reaches the caller. A failure of the
-        cache's own disk (unreadable, full, read-only) is a miss: the store serves."""
+        cache's own disk (unreadable, full, read-only) is a miss: the store serves.
+
+        Raises:
+            ValueError: ``key`` is not a safe relative key (``check_key``), or the store's
+                bytes fail ``check``.
+        """
         path = os.path.join(self.root, hashlib.sha256(store.encode()).hexdigest()[:16],
-                            f"{key}~{size}-{crc32:08x}")
+                            f"{check_key(key)}~{size}-{crc32:08x}")  # never out of the root
         data = self._held(path, size, check)
         if data is not None:
             return data
@@ -195,7 +200,7 @@ class DiskCache:
         for the bytes where it cannot be read."""
         try:
             with open(os.path.join(self.root, ".usage")) as f:
-                held, inserts = f.read().split()
+                held, inserts = f.read(64).split()
             return int(held), int(inserts)
         except (OSError, ValueError):
             return None, 0

@@ -291,3 +291,12 @@ def test_a_failing_cache_disk_is_a_miss_not_an_error(tmp_path: Path) -> None:
     assert _fetch(cache, body, loads) == body
     assert _fetch(cache, body, loads) == body
     assert loads == [1, 1]
+
+
+def test_a_key_that_would_leave_the_cache_folder_is_refused(tmp_path: Path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), 1 << 20)
+    body = b"x" * 10
+    for key in ("../outside", "/etc/passwd", "data/../../x"):
+        with pytest.raises(ValueError, match="object key"):
+            cache.fetch(STORE, key, 10, zlib_ng.crc32(body), lambda: body, _checker(body))
+    assert not (tmp_path / "outside").exists() and not (tmp_path / "x").exists()
