@@ -57,8 +57,14 @@ def _tail(stream: Stream, interval: float, count: int, group: str, as_json: bool
                                             in sorted(stream.producers.items())}}),
                   flush=True)
             continue
-        producers = " ".join(f"{printable(p)}:{e}/{q}"
-                             for p, (e, q, _) in sorted(stream.producers.items()))
+        producers = ", ".join(f"{printable(p)} epoch {e} seq {q}"
+                              for p, (e, q, _) in sorted(stream.producers.items())) or "none"
+        if lag is not None:
+            where = f"group {group} lag {lag} steps"
+        elif group in stream.state.groups:
+            where = f"group {group}: no progress published yet"
+        else:
+            where = f"group {group}: not in this stream (no registration, marker or progress)"
         print(f"{time.strftime('%H:%M:%S')} version {stream.version} steps {stream.num_steps} "
-              f"samples {stream.num_samples} ({rate:.0f}/s) {group} lag "
-              f"{'-' if lag is None else lag} | {producers}", flush=True)
+              f"samples {stream.num_samples} ({rate:.0f}/s); {where}; producers {producers}",
+              flush=True)

@@ -14,6 +14,7 @@ import lakestream
 import lakestream.ops.status
 from lakestream.ops.args import parse_schema
 from lakestream.ops.cli import main
+from lakestream.producers import Producer
 from tests.helpers import SCHEMA, ids, rows
 
 
@@ -64,7 +65,19 @@ def test_tail_follows_new_steps_and_the_lag(tmp_path) -> None:
     out = _cli("tail", uri, "--interval", "0.1", "--count", "2")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert len(lines) == 2 and "steps 2 samples 8" in lines[0] and "train lag 1" in lines[0]
+    assert len(lines) == 2 and "steps 2 samples 8" in lines[0], lines
+    assert "; group train lag 1 steps; producers none" in lines[0], lines
+    with Producer(uri, "p0") as p:
+        p.write(rows(8, 4))
+    out = _cli("tail", uri, "--interval", "0.1", "--count", "1")
+    assert re.search(r"; group train lag 2 steps; producers p0 epoch \d+ seq 0$", out.stdout), \
+        out.stdout
+    out = _cli("tail", uri, "--interval", "0.1", "--count", "1", "--group", "eval")
+    assert "; group eval: not in this stream (no registration, marker or progress);" \
+        in out.stdout, out.stdout
+    s.mark_checkpoint("eval", 1)
+    out = _cli("tail", uri, "--interval", "0.1", "--count", "1", "--group", "eval")
+    assert "; group eval: no progress published yet;" in out.stdout, out.stdout
 
 
 def test_verify_reads_everything_and_names_what_is_damaged(tmp_path, capsys) -> None:
