@@ -157,11 +157,10 @@ class DiskCache:
         """Keeps ``data`` at ``path``: its room reserved first (evicting what must go), then
         written under a temporary name and renamed into place; on a failing disk, nothing."""
         writing = _padded(size)  # a direct write's file, before its cut
-        if not self._account(writing):
-            return
         tmp = f"{path}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        if not self._account(writing, tmp):
+            return
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
             _write(tmp, data, size, self.direct)
             os.replace(tmp, path)
         except OSError:  # a full or read-only disk: serve what was fetched, keep nothing
@@ -169,12 +168,14 @@ class DiskCache:
                 os.unlink(tmp)
             self._account(-writing)
 
-    def _account(self, n: int) -> bool:
+    def _account(self, n: int, placeholder: str | None = None) -> bool:
         """Adds ``n`` bytes to the usage, under the host's usage lock: a reservation
         (``n > 0``) first evicts the least recently used entries if it would pass the
         limit, down to ``LOW_WATER`` of it, so that the inserts after it need not; every
-        ``RESCAN_INSERTS`` the usage is counted again from the disk. False if the cache's
-        disk fails."""
+        ``RESCAN_INSERTS`` the usage is counted again from the disk. A reservation's
+        temporary file (``placeholder``, named with its size) is made under the lock, so
+        that a count of the disk by another process, before the bytes are written, sees
+        the room it holds. False if the cache's disk fails."""
         lock = self._lock("usage")
         if lock is None:
             return False
@@ -188,6 +189,10 @@ class DiskCache:
                     usage = self._evict(min(room, int(self.limit * LOW_WATER)) if over
                                         else room)
                     inserts = 0
+            if placeholder is not None:
+                os.makedirs(os.path.dirname(placeholder), exist_ok=True)
+                os.close(os.open(placeholder, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                 | os.O_CLOEXEC, 0o600))
             self._set_usage(max(0, (usage or 0) + n), inserts)
             return True
         except OSError:
@@ -270,16 +275,15 @@ def _padded(size: int) -> int:
 
 
 def _write(path: str, data: Buffer, size: int, direct: bool) -> None:
-    """Writes ``data`` (``size`` bytes) to a new file at ``path``; with ``direct``, around
+    """Writes ``data`` (``size`` bytes) into the empty file at ``path``; with ``direct``, around
     the page cache where the file system allows: a buffered write of a fetched fragment took
     2.3 CPU-s per GB on this project's VMs (every page of the page cache faulted in and
     copied to), a direct one 0.08, with one copy into an aligned block first. The disk's
     time is waited out of the CPU slot."""
     src = memoryview(data).cast("B")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     if direct:
         try:
-            fd = os.open(path, flags | _DIRECT, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | _DIRECT)
         except OSError:  # tmpfs and some others refuse O_DIRECT
             fd = -1
         if fd >= 0:
@@ -299,8 +303,7 @@ def _write(path: str, data: Buffer, size: int, direct: bool) -> None:
                     raise
             finally:
                 os.close(fd)
-            os.unlink(path)
-    with open(path, "wb") as f:
+    with open(path, "wb") as f:  # from its start again after a refused direct write
         f.write(src)
 
 

@@ -62,14 +62,15 @@ def _run(uri: str, options: dict[str, str], root: str | None, limit: int = 0
 
     def watch() -> None:
         while not done.is_set() and root is not None:
-            held = 0
+            sizes = {}  # by inode: a file renamed while the folder is walked is seen twice
             for p in Path(root).rglob("*"):
                 if p.is_file() and not p.name.startswith(".") and ".locks" not in p.parts:
                     try:
-                        held += p.stat().st_size
+                        st = p.stat()
                     except FileNotFoundError:
-                        pass
-            most[0] = max(most[0], held)
+                        continue
+                    sizes[st.st_ino] = st.st_size
+            most[0] = max(most[0], sum(sizes.values()))
             time.sleep(0.005)
 
     watcher = threading.Thread(target=watch, daemon=True)

@@ -300,3 +300,42 @@ def test_a_key_that_would_leave_the_cache_folder_is_refused(tmp_path: Path) -> N
         with pytest.raises(ValueError, match="object key"):
             cache.fetch(STORE, key, 10, zlib_ng.crc32(body), lambda: body, _checker(body))
     assert not (tmp_path / "outside").exists() and not (tmp_path / "x").exists()
+
+
+def test_a_count_of_the_disk_keeps_the_room_of_a_fill_not_written_yet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process A has reserved room for an entry and not written it yet; B's inserts pass the
+    limit and count the disk again. That count must see A's reservation, or the two together
+    end one entry over the limit (seen as a 4-rank run holding 250 KB under a 200 KB
+    limit)."""
+    import threading
+
+    from lakestream.store import diskcache
+
+    limit = 3 * 4096 + 100
+    real_write = diskcache._write
+    reserved, release = threading.Event(), threading.Event()
+
+    def held_in_a(path: str, data: Any, size: int, direct: bool) -> None:
+        if threading.current_thread().name == "A":
+            reserved.set()
+            assert release.wait(30)
+        real_write(path, data, size, direct)
+
+    monkeypatch.setattr(diskcache, "_write", held_in_a)
+    body_a = os.urandom(4096)
+    a = threading.Thread(name="A", target=_fetch,
+                         args=(DiskCache(str(tmp_path), limit), body_a, []),
+                         kwargs={"key": "data/p/a.parquet"})
+    a.start()
+    try:
+        assert reserved.wait(30)
+        b, loads = DiskCache(str(tmp_path), limit), []
+        for i in range(3):
+            _fetch(b, os.urandom(4096), loads, key=f"data/p/b{i}.parquet")
+        done = sum(p.stat().st_size for p in _entries(tmp_path) if ".tmp-" not in p.name)
+        assert done + 4096 <= limit, done
+    finally:
+        release.set()
+        a.join(30)
+    assert sum(p.stat().st_size for p in _entries(tmp_path)) <= limit
