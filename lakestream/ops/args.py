@@ -18,6 +18,8 @@ _SCALARS = {
     "float64": pa.float64(), "double": pa.float64(), "string": pa.string(),
     "binary": pa.binary(),
 }
+SCALAR_NAMES = tuple(_SCALARS)
+"""The scalar column types a schema given as text may name (and ``list<T>`` of them)."""
 
 
 def parse_type(text: str) -> pa.DataType:

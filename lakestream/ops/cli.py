@@ -16,6 +16,7 @@ from lakestream.errors import LakestreamError
 from lakestream.log.entries import check_group
 from lakestream.log.progress import delete_progress, progress_exists
 from lakestream.ops.args import (
+    SCALAR_NAMES,
     parse_duration,
     parse_group,
     parse_interval,
@@ -82,11 +83,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lakestream {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("create", help="create a stream")
-    p.add_argument("uri")
-    p.add_argument("--schema", required=True, help="e.g. 'id:int64,tokens:list<int32>'")
-    p.add_argument("--global-batch-size", type=int, required=True)
-    p.add_argument("--group-size", type=int, default=1, help="default: %(default)s")
-    p.add_argument("--snapshot-interval", type=int, default=100, help="default: %(default)s")
+    p.add_argument("uri", help="a local path, file://... or s3://bucket/prefix")
+    p.add_argument("--schema", required=True,
+                   help="name:type columns, comma-separated, a trailing ! for not nullable, "
+                        "e.g. 'id:int64!,tokens:list<int32>,reward:float32'; types: "
+                        + ", ".join(sorted(SCALAR_NAMES)) + ", list<T>; tensor, timestamp "
+                        "and struct columns: lakestream.create in Python")
+    p.add_argument("--global-batch-size", type=int, required=True,
+                   help="B, the samples of each step (global batch), which W ranks read "
+                        "together, B/W each: W must divide B, and B/W be a multiple of G")
+    p.add_argument("--group-size", type=int, default=1,
+                   help="G, samples that stay together in one fragment, step and rank (the "
+                        "responses to one prompt); G divides B. Default: %(default)s")
+    p.add_argument("--snapshot-interval", type=int, default=100,
+                   help="a snapshot every K versions, so that opening reads at most about K "
+                        "log entries. Default: %(default)s")
     p = sub.add_parser("status", help="show a stream's state and every consumer group")
     p.add_argument("uri")
     p.add_argument("--keep-last", type=int, default=2, help=_KEEP_LAST + ", for the "

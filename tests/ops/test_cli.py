@@ -231,6 +231,11 @@ def test_help_shows_the_defaults_and_units() -> None:
     helped = " ".join(_cli("tail", "--help").stdout.split())
     assert "(default: train)" in helped and "(default: 1 s)" in helped
     assert "credentials come from the environment" in " ".join(_cli("--help").stdout.split())
+    helped = " ".join(_cli("create", "--help").stdout.split())
+    for said in ("W must divide B, and B/W be a multiple of G", "G divides B. Default: 1",
+                 "list<T>; tensor, timestamp and struct columns: lakestream.create in Python",
+                 "opening reads at most about K log entries. Default: 100"):
+        assert said in helped, helped
 
 
 def test_sizes_are_for_people_and_exact_in_json(tmp_path, capsys) -> None:
