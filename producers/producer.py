@@ -23,7 +23,12 @@ from lakestream.log.entries import (
     check_state,
     fragment_key,
 )
-from lakestream.log.fragments import check_rows, encode_fragment, put_fragment
+from lakestream.log.fragments import (
+    check_rows,
+    encode_fragment,
+    put_fragment,
+    row_group_target,
+)
 from lakestream.log.progress import Progress, read_progress
 from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.producers.committer import Committer, Uploaded
@@ -89,6 +94,7 @@ class Producer:
         self.max_lag_steps = max_lag_steps
         self.stats = ProducerStats()
         self._stream = Stream.open(uri, storage_options=storage_options)
+        self._row_group_bytes = row_group_target(self._stream.schema)
         self._pid = os.getpid()
         fenced = self._stream.commit(self._fence, self.options.commit)
         assert fenced is not None and isinstance(fenced.entry, Fence)
@@ -312,7 +318,7 @@ class Producer:
             body = encode_fragment(table, self._stream.group_size,
                                    compression=self.options.compression,
                                    compression_level=self.options.compression_level,
-                                   nbytes=nbytes)
+                                   nbytes=nbytes, row_group_bytes=self._row_group_bytes)
             key = fragment_key(self.producer_id, self.epoch, seq)
             put_fragment(self._stream.store, key, body)
             failpoint("after_upload")

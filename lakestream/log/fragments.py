@@ -83,8 +83,17 @@ def _is_nested(t: pa.DataType) -> bool:
     return pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
+def row_group_target(schema: pa.Schema) -> int:
+    """The decoded bytes a row group of a table of ``schema`` aims at: 4 MiB with a tensor
+    column (``TENSOR_ROW_GROUP_BYTES``), else 1 MiB. A writer asks once per schema: the
+    scan of its fields' metadata took 10 us, a write's whole size check about 40."""
+    return TENSOR_ROW_GROUP_BYTES if any(_is_tensor(f) for f in schema) \
+        else ROW_GROUP_TARGET_BYTES
+
+
 def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zstd",
-                    compression_level: int | None = 1, nbytes: int | None = None) -> memoryview:
+                    compression_level: int | None = 1, nbytes: int | None = None,
+                    row_group_bytes: int | None = None) -> memoryview:
     """Parquet bytes for ``table``, with row groups aligned to ``group_size``: a view of
     Arrow's buffer, not a copy (stores, ``zlib_ng.crc32`` and files take it as it is).
 
@@ -103,14 +112,14 @@ def encode_fragment(table: pa.Table, group_size: int, *, compression: str = "zst
     despite a small table is encoded again, with them.
 
     ``nbytes`` is ``table.nbytes`` when the caller has it: Arrow walks every column to
-    compute it (about 14 µs for a 16-sample RL fragment, a third of its size check).
+    compute it (about 14 µs for a 16-sample RL fragment, a third of its size check);
+    ``row_group_bytes`` is ``row_group_target(table.schema)``, likewise.
     """
     n = table.num_rows
     if nbytes is None:
         nbytes = table.nbytes
     per_row = max(1, nbytes // max(1, n))
-    target = TENSOR_ROW_GROUP_BYTES if any(_is_tensor(f) for f in table.schema) \
-        else ROW_GROUP_TARGET_BYTES
+    target = row_group_target(table.schema) if row_group_bytes is None else row_group_bytes
     rows = max(group_size, (target // per_row) // group_size * group_size)
     scalar = [f.name for f in table.schema if not _is_nested(f.type)]
     dictionary = [name for name in scalar if not _fixed_width(table.schema.field(name).type)]
