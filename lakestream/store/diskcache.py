@@ -308,8 +308,8 @@ def _write(path: str, data: Buffer, size: int, direct: bool) -> None:
 
 
 def _read(path: str, size: int, direct: bool) -> Buffer | None:
-    """The file at ``path``, None if it is not there, ``b""`` if it is not ``size`` bytes
-    long; with ``direct``, read around the page cache where the file system allows, into an
+    """The file at ``path``, None if it is not there, fewer bytes if it is not ``size``
+    bytes long; with ``direct``, read around the page cache where the file system allows, into an
     aligned block of the process's pool (a file written around the page cache is not in
     it, and faulting it in cost what the write saved)."""
     if direct:
@@ -323,16 +323,8 @@ def _read(path: str, size: int, direct: bool) -> Buffer | None:
             try:
                 if os.fstat(fd).st_size != size:
                     return b""
-                block = buffer_pool().array(_padded(size))
-                view = memoryview(block)  # type: ignore[arg-type]
-                at = 0
-                with cpu_slots().waiting():
-                    while at < size:
-                        n = os.preadv(fd, [view[at:]], at)
-                        if n == 0:
-                            return b""
-                        at += n
-                return block[:size]
+                with cpu_slots().waiting():  # the disk's time
+                    return read_file(fd, size, _padded(size))  # short: refused by the caller
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise

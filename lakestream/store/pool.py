@@ -64,10 +64,11 @@ def buffer_pool() -> BufferPool:
     return _POOL
 
 
-def read_file(fd: int, size: int) -> np.ndarray | bytes:
+def read_file(fd: int, size: int, block: int = 0) -> np.ndarray | bytes:
     """The first ``size`` bytes of the open file ``fd``, read (``preadv``) into a block of
-    the process's pool; fewer, as ``bytes``, if the file ends sooner."""
-    out = buffer_pool().array(size)
+    the process's pool of ``block`` bytes (at least ``size``: a direct read moves whole
+    pages); fewer, as ``bytes``, if the file ends sooner."""
+    out = buffer_pool().array(max(size, block))
     view = memoryview(out)  # type: ignore[arg-type]
     at = 0
     while at < size:
@@ -75,4 +76,4 @@ def read_file(fd: int, size: int) -> np.ndarray | bytes:
         if n == 0:
             return bytes(view[:at])
         at += n
-    return out
+    return out if len(out) == size else out[:size]
