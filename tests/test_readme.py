@@ -8,10 +8,9 @@ mixes them and resumes from a checkpoint. Nothing is faked between them (no prog
 published for the producer).
 
 Each block is saved as a file and run with ``python file.py``, so that DataLoader workers,
-which start with ``spawn``, import it as they would a user's script. Three things in the code
-are replaced: the paths (``/tmp/rollouts`` and ``/tmp/sft``, by ones under the test's
-temporary folder), the trainers' rendezvous, which becomes file-based, with the rank and
-world size a launcher gives (torchrun's env:// starts a TCP store that listens on every
+which start with ``spawn``, import it as they would a user's script. Two things in the code
+are replaced (the paths are relative, and each runs in the test's temporary folder): the
+trainers' rendezvous, which becomes file-based, with the rank and world size a launcher gives (torchrun's env:// starts a TCP store that listens on every
 interface), and the trainer's loader, given ``num_workers=2`` as the README advises where
 decoding needs more cores. A ``torchrun --nproc_per_node N`` line starts N processes with
 torchrun's environment. The calls the README shows inline are run too."""
@@ -52,8 +51,8 @@ def _run(code: str, cwd: Path, uri: str) -> list[str]:
     launch = LAUNCH.match(code)
     assert launch is not None, f"no launch line: {code.splitlines()[0]!r}"
     world = int(launch.group(1) or 1)
-    code = code.replace("/tmp/rollouts", uri).replace("/tmp/sft", str(cwd / "sft")).replace(
-        "/tmp/images", str(cwd / "images")).replace(
+    assert uri == str(cwd / "rollouts"), "the examples keep their streams in their folder"
+    code = code.replace(
         RENDEZVOUS,
         f'dist.init_process_group("gloo", init_method="file://{cwd}/rdv-{uuid.uuid4().hex}", '
         'rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))')
@@ -118,7 +117,7 @@ def test_the_readme_examples_run_as_printed_twice(tmp_path: Path) -> None:
     assert live == sum(stream.read_step(k).num_rows for k in range(400, stream.num_steps))
     assert pads.dataset(str(tmp_path / "rollouts" / "data")).count_rows() == folder
 
-    [out] = _run(_example(EXAMPLES[3]), tmp_path, uri)  # starts /tmp/images afresh itself
+    [out] = _run(_example(EXAMPLES[3]), tmp_path, uri)  # starts ./images afresh itself
     assert out.splitlines() == ["torch.Size([64, 3, 224, 224]) torch.Size([128]) [0, 2, 4]"]
 
     sft = _example(EXAMPLES[4])
