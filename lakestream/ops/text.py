@@ -48,8 +48,13 @@ def print_status(info: dict[str, Any]) -> None:
 def print_groups(info: dict[str, dict[str, Any]], indent: str = "") -> None:
     """Prints ``groups(...)`` for a person, a line per group."""
     for g, x in info.items():
-        steps = ", ".join(str(m["step"]) + (" (reclaimed)" if m.get("reclaimed") else "")
-                          for m in x["markers"][-5:]) or "-"
+        # A marker's step is where a run resuming from it reads this stream from: the next
+        # step for a plain reader, the step a mix's position maps to for a mix (0 in an epoch
+        # after the first, which reads every step again), so each names its checkpoint.
+        steps = ", ".join(
+            f"{printable(m['checkpoint_id'] or '-')} reads from step {m['step']}"
+            + (" (reclaimed)" if m.get("reclaimed") else "")
+            for m in x["markers"][-3:]) or "-"
         progress = x["progress"]
         at = "-" if progress is None else \
             f"step {progress['step']} (job {printable(progress['job'])})"
@@ -60,7 +65,7 @@ def print_groups(info: dict[str, dict[str, Any]], indent: str = "") -> None:
         registered = "" if x["registered_step"] is None else \
             f", registered at step {x['registered_step']}"
         print(f"{indent}{printable(g):<24} {plural(len(x['markers']), 'marker')} "
-              f"(last resume steps {steps}){registered}; progress {at}; lag {lag}; {holds}")
+              f"(newest: {steps}){registered}; progress {at}; lag {lag}; {holds}")
 
 
 def printable(value: object) -> str:

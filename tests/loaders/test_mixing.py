@@ -13,6 +13,7 @@ import pytest
 import lakestream
 from lakestream.errors import StepNotAvailableError
 from lakestream.loaders import Source, StreamDataset, StreamLoader
+from lakestream.ops.cli import main
 from tests.helpers import SCHEMA, count_reads, rows, step_ids, worker_options
 
 A_TAKE, B_TAKE = 8, 4
@@ -131,7 +132,7 @@ def test_a_mix_ends_where_a_sealed_source_runs_out(tmp_path) -> None:
     assert b == list(range(1000, 1032)) * 4  # cycled in order, no shuffle
 
 
-def test_markers_hold_each_source_from_where_the_mix_resumes(tmp_path) -> None:
+def test_markers_hold_each_source_from_where_the_mix_resumes(tmp_path, capsys) -> None:
     uris = _sources(tmp_path, seal=False)
     ds = StreamDataset([Source(uris[0], take=8), Source(uris[1], take=2)], group="train",
                        rank=0, world_size=1, shuffle_window=2, timeout=30, max_steps=3)
@@ -142,6 +143,10 @@ def test_markers_hold_each_source_from_where_the_mix_resumes(tmp_path) -> None:
     # offset 4 (its step 1).
     assert [(m.step, m.checkpoint_id) for m in a.checkpoints("train")] == [(2, "c3")]
     assert [(m.step, m.checkpoint_id) for m in b.checkpoints("train")] == [(1, "c3")]
+    # `group list` names the checkpoint and the step of this source it reads from, not a
+    # bare "resume step" that reads as the mix's own.
+    assert main(["group", "list", uris[1]]) == 0
+    assert "1 marker (newest: c3 reads from step 1)" in capsys.readouterr().out
     a.retain(keep_last=1)
     b.retain(keep_last=1)
     again = StreamDataset([Source(uris[0], take=8), Source(uris[1], take=2)], group="train",

@@ -245,7 +245,7 @@ def test_sizes_are_for_people_and_exact_in_json(tmp_path, capsys) -> None:
     s.mark_checkpoint("train", 2)
     assert main(["status", s.uri, "--keep-last", "1"]) == 0
     text = capsys.readouterr().out
-    assert "train                    1 marker (last resume steps 2)" in text, text
+    assert "train                    1 marker (newest: - reads from step 2)" in text, text
     assert re.search(r"reclaimable below step 2, 2 fragments, \d\.\d KiB\n", text), text
     assert main(["retain", s.uri, "--keep-last", "1"]) == 0
     assert "reclaimed below step 2 (offset 8) at version 5" in capsys.readouterr().out
@@ -277,7 +277,7 @@ def test_status_after_a_manual_retain_says_what_the_log_reclaimed(tmp_path, caps
     # A what-if, not the stream's configuration: nothing configures retention.
     assert "retention   if retain(keep_last=2) ran now: nothing more to reclaim (below step 4)" \
         in text, text
-    assert "last resume steps 2 (reclaimed), 4); progress -; lag 2 steps" in text, text
+    assert "(newest: c2 reads from step 2 (reclaimed), c4 reads from step 4); progress -; lag 2 steps" in text, text
     assert "holds from step 4" in text and "holds from step 2" not in text, text
     assert main(["status", s.uri, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
