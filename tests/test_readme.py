@@ -10,10 +10,11 @@ published for the producer).
 Each block is saved as a file and run with ``python file.py``, so that DataLoader workers,
 which start with ``spawn``, import it as they would a user's script. Two things in the code
 are replaced (the paths are relative, and each runs in the test's temporary folder): the
-trainers' rendezvous, which becomes file-based, with the rank and world size a launcher gives (torchrun's env:// starts a TCP store that listens on every
-interface), and the trainer's loader, given ``num_workers=2`` as the README advises where
-decoding needs more cores. A ``torchrun --nproc_per_node N`` line starts N processes with
-torchrun's environment. The calls the README shows inline are run too."""
+trainers' rendezvous, which becomes file-based, with the rank and world size a launcher
+gives (torchrun's env:// starts a TCP store that listens on every interface), and the
+trainer's loader, given ``num_workers=2`` as the README advises where decoding needs more
+cores. A ``torchrun --nproc_per_node N`` line starts N processes with torchrun's
+environment. The calls the README shows inline are run too."""
 
 from __future__ import annotations
 

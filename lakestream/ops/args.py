@@ -10,47 +10,110 @@ import pyarrow as pa
 
 from lakestream.log.entries import check_group
 from lakestream.ops.text import printable
+from lakestream.schema.tensors import tensor_field
 from lakestream.store.s3_options import is_secret, setting
 
 _SCALARS = {
     "bool": pa.bool_(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(),
     "int64": pa.int64(), "float32": pa.float32(), "float": pa.float32(),
     "float64": pa.float64(), "double": pa.float64(), "string": pa.string(),
-    "binary": pa.binary(),
+    "binary": pa.binary(), "date": pa.date32(),
 }
 SCALAR_NAMES = tuple(_SCALARS)
-"""The scalar column types a schema given as text may name (and ``list<T>`` of them)."""
+"""The scalar column types a schema given as text may name (and the nested types built on
+them: ``TYPE_FORMS``)."""
+TYPE_FORMS = ("list<T>", "struct<name:T,...>", "timestamp<us> (s, ms, us, ns)",
+              "timestamp<us,UTC> (with a time zone)", "decimal<precision,scale>",
+              "tensor<dtype,d0,d1,...> (a top-level column: each row one array of that shape)")
+"""The parametrised column types a schema given as text may name."""
+_UNITS = ("s", "ms", "us", "ns")
 
 
 def parse_type(text: str) -> pa.DataType:
-    """``int64``, ``float32``, ``string``, ``list<int32>``, ... as an Arrow type.
+    """``int64``, ``list<int32>``, ``struct<a:int64,b:string>``, ``timestamp<us,UTC>``,
+    ``decimal<10,2>``, ... as an Arrow type (a tensor column is a field: ``parse_field``).
 
     Raises:
         ValueError: the type is not one of those.
     """
     text = text.strip()
-    m = re.fullmatch(r"list<(.+)>", text)
-    if m:
-        return pa.list_(parse_type(m.group(1)))
-    if text in _SCALARS:
+    kind, args = _parametrised(text)
+    if kind == "list" and args:
+        return pa.list_(parse_type(",".join(args)))
+    if kind == "struct" and args:
+        return pa.struct([parse_field(part) for part in args])
+    if kind == "timestamp" and len(args) in (1, 2) and args[0] in _UNITS:
+        return pa.timestamp(args[0], tz=args[1] if len(args) == 2 and args[1] else None)
+    if kind == "decimal" and len(args) == 2 and all(a.isdigit() for a in args):
+        return pa.decimal128(int(args[0]), int(args[1]))
+    if kind == "tensor":
+        raise ValueError(f"{text!r}: a tensor is a top-level column (name:tensor<...>), not "
+                         "inside a list or struct")
+    if kind is None and text in _SCALARS:
         return _SCALARS[text]
-    raise ValueError(f"unknown column type {text!r}; use one of {sorted(_SCALARS)} or list<T>")
+    raise ValueError(f"unknown column type {text!r}; use one of {sorted(_SCALARS)} or "
+                     + ", ".join(TYPE_FORMS))
+
+
+def parse_field(text: str) -> pa.Field:
+    """``name:type`` (a trailing ``!``: not nullable) as an Arrow field; ``tensor<dtype,
+    d0,d1,...>`` makes a tensor column (``lakestream.tensor_field``).
+
+    Raises:
+        ValueError: not ``name:type``, or an unknown type.
+    """
+    name, sep, typ = text.partition(":")
+    if not sep or not name.strip():
+        raise ValueError(f"column {text!r} is not name:type")
+    typ = typ.strip()
+    nullable = not typ.endswith("!")
+    typ = typ.rstrip("!").strip()
+    kind, args = _parametrised(typ)
+    if kind == "tensor":
+        shape = args[1:]
+        if not args or not shape or not all(d.isdigit() for d in shape):
+            raise ValueError(f"column {name.strip()!r}: {typ!r} is not tensor<dtype,d0,d1,...> "
+                             "(e.g. tensor<uint8,224,224,3>)")
+        return tensor_field(name.strip(), tuple(int(d) for d in shape), args[0],
+                            nullable=nullable)
+    return pa.field(name.strip(), parse_type(typ), nullable)
 
 
 def parse_schema(text: str) -> pa.Schema:
     """``name:type,name:type!`` (``!`` = not nullable) as an Arrow schema.
 
     Raises:
-        ValueError: a column is not ``name:type``.
+        ValueError: a column is not ``name:type``, or a type is unknown.
     """
-    fields = []
-    for part in re.split(r",(?![^<]*>)", text):
-        name, sep, typ = part.partition(":")
-        if not sep or not name.strip():
-            raise ValueError(f"column {part!r} is not name:type")
-        nullable = not typ.strip().endswith("!")
-        fields.append(pa.field(name.strip(), parse_type(typ.strip().rstrip("!")), nullable))
-    return pa.schema(fields)
+    return pa.schema([parse_field(part) for part in _split(text)])
+
+
+def _parametrised(text: str) -> tuple[str | None, list[str]]:
+    """``kind<a,b,...>`` as ``(kind, [a, b, ...])`` split at its own commas (not nested
+    ones); anything else as ``(None, [])``."""
+    m = re.fullmatch(r"([a-z]+)\s*<(.*)>", text, re.DOTALL)
+    if m is None:
+        return None, []
+    return m.group(1), [a.strip() for a in _split(m.group(2))]
+
+
+def _split(text: str) -> list[str]:
+    """``text`` split at the commas outside every ``<...>``.
+
+    Raises:
+        ValueError: its angle brackets do not pair up.
+    """
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += {"<": 1, ">": -1}.get(c, 0)
+        if depth < 0:
+            break
+        if c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"unbalanced '<' and '>' in {text!r}")
+    return [*parts, text[start:]]
 
 
 def parse_duration(text: str) -> float:

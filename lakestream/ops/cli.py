@@ -17,6 +17,7 @@ from lakestream.log.entries import check_group
 from lakestream.log.progress import delete_progress, progress_exists
 from lakestream.ops.args import (
     SCALAR_NAMES,
+    TYPE_FORMS,
     parse_duration,
     parse_group,
     parse_interval,
@@ -87,8 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--schema", required=True,
                    help="name:type columns, comma-separated, a trailing ! for not nullable, "
                         "e.g. 'id:int64!,tokens:list<int32>,reward:float32'; types: "
-                        + ", ".join(sorted(SCALAR_NAMES)) + ", list<T>; tensor, timestamp "
-                        "and struct columns: lakestream.create in Python")
+                        + ", ".join(sorted(SCALAR_NAMES)) + "; " + "; ".join(TYPE_FORMS))
     p.add_argument("--global-batch-size", type=int, required=True,
                    help="B, the samples of each step (global batch), which W ranks read "
                         "together, B/W each: W must divide B, and B/W be a multiple of G")

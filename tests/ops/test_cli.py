@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -52,6 +53,39 @@ def test_schema_grammar() -> None:
         ("c", pa.string())])
     with pytest.raises(ValueError, match="not name:type"):
         parse_schema("a")
+    nested = parse_schema("at:timestamp<us,UTC>!,t:timestamp<ns>,d:date,p:decimal<10,2>,"
+                          "meta:struct<source:string,scores:list<float32>,at:timestamp<ms>>,"
+                          "image:tensor<uint8,224,224,3>!")
+    assert nested.field("at") == pa.field("at", pa.timestamp("us", tz="UTC"), nullable=False)
+    assert nested.field("t").type == pa.timestamp("ns") and nested.field("d").type == pa.date32()
+    assert nested.field("p").type == pa.decimal128(10, 2)
+    assert nested.field("meta").type == pa.struct([
+        ("source", pa.string()), ("scores", pa.list_(pa.float32())), ("at", pa.timestamp("ms"))])
+    assert nested.field("image") == lakestream.tensor_field("image", (224, 224, 3), "uint8")
+    for bad, said in (("a:tensor<uint8>", "not tensor<dtype,d0,d1,...>"),
+                      ("a:tensor<uint8,x>", "not tensor<dtype,d0,d1,...>"),
+                      ("a:tensor<complex,2>", "tensor dtype 'complex'"),
+                      ("a:list<tensor<uint8,2>>", "a tensor is a top-level column"),
+                      ("a:timestamp<hours>", "unknown column type 'timestamp<hours>'"),
+                      ("a:struct<b:int64", "unbalanced"),
+                      ("a:struct<>", "column '' is not name:type")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            parse_schema(bad)
+
+
+def test_create_makes_tensor_timestamp_and_struct_columns(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    assert main(["create", uri, "--schema", "image:tensor<uint8,2,3>,at:timestamp<us,UTC>,"
+                 "meta:struct<source:string,n:int32>", "--global-batch-size", "2"]) == 0
+    s = lakestream.open(uri)
+    images = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+    s.append({"image": images, "at": [0, 10**6],
+              "meta": [{"source": "a", "n": 1}, {"source": "b", "n": 2}]})
+    step = s.read_step(0)
+    assert step.column("meta").to_pylist()[1] == {"source": "b", "n": 2}
+    assert str(step.column("at").type) == "timestamp[us, tz=UTC]"
+    assert np.frombuffer(step.column("image")[1].as_py(), np.uint8).reshape(2, 3).tolist() \
+        == images[1].tolist()
 
 
 def test_tail_follows_new_steps_and_the_lag(tmp_path) -> None:
@@ -233,7 +267,8 @@ def test_help_shows_the_defaults_and_units() -> None:
     assert "credentials come from the environment" in " ".join(_cli("--help").stdout.split())
     helped = " ".join(_cli("create", "--help").stdout.split())
     for said in ("W must divide B, and B/W be a multiple of G", "G divides B. Default: 1",
-                 "list<T>; tensor, timestamp and struct columns: lakestream.create in Python",
+                 "struct<name:T,...>; timestamp<us> (s, ms, us, ns)",
+                 "tensor<dtype,d0,d1,...> (a top-level column",
                  "opening reads at most about K log entries. Default: 100"):
         assert said in helped, helped
 
@@ -277,7 +312,8 @@ def test_status_after_a_manual_retain_says_what_the_log_reclaimed(tmp_path, caps
     # A what-if, not the stream's configuration: nothing configures retention.
     assert "retention   if retain(keep_last=2) ran now: nothing more to reclaim (below step 4)" \
         in text, text
-    assert "(newest: c2 reads from step 2 (reclaimed), c4 reads from step 4); progress -; lag 2 steps" in text, text
+    assert "(newest: c2 reads from step 2 (reclaimed), c4 reads from step 4); progress -; " \
+        "lag 2 steps" in text, text
     assert "holds from step 4" in text and "holds from step 2" not in text, text
     assert main(["status", s.uri, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
