@@ -5,7 +5,9 @@ not the trainer's own."""
 from __future__ import annotations
 
 import io
+import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any, cast
@@ -25,6 +27,8 @@ from lakestream.loaders.resume import STATE_KEYS, StreamMismatchError
 from lakestream.loaders.safe_load import SafeLoadPlanner, read_metadata
 from lakestream.log.replay import Marker
 from lakestream.store import open_filesystem
+
+log = logging.getLogger("lakestream")
 
 __all__ = ["CheckpointLocationError", "StreamMismatchError", "load_checkpoint",
            "save_checkpoint"]
@@ -235,7 +239,56 @@ def save_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
         # The trainer process's dataset has not seen what its workers consumed (nor a base
         # they loaded): take both from the loader's state.
         hold = ds.load_loader_state(dataset.state_dict())
-    return ds.commit_checkpoint(checkpoint_id=location.uri, hold_offsets=hold)
+    version = ds.commit_checkpoint(checkpoint_id=location.uri, hold_offsets=hold)
+    if version is not None and ds.keep_last is not None and root is not None:
+        _prune(ds, root, fs)
+    return version
+
+
+PRUNE_LOOKBACK = 4
+"""How many of the markers just past ``keep_last`` a save looks at to delete their
+checkpoints: the one this save pushed out, and a few a crash may have left (the cost of a
+save stays bounded however many markers the group has)."""
+
+
+def _prune(ds: StreamDataset, root: str, fs: Any | None) -> None:
+    """Deletes the checkpoints of the group's markers that ``keep_last`` no longer keeps
+    (as ``save_total_limit`` does in other trainers): retention has reclaimed, or will
+    reclaim, the data they resume at. Only a folder under ``root`` that holds a DCP
+    ``.metadata`` is deleted, and never one that a kept marker of this group, or any marker
+    of another group, names."""
+    group, keep = ds.group, ds.keep_last
+    if group is None or keep is None:
+        return
+    streams = [source.uri for source in ds.sources]
+    kept: set[str | None] = set()
+    for stream in ds.streams:
+        for other in stream.groups:
+            markers = stream.checkpoints(other)
+            kept.update(m.checkpoint_id for m in (markers[-keep:] if other == group else markers))
+    for marker in ds.streams[0].checkpoints(group)[:-keep][-PRUNE_LOOKBACK:]:
+        if marker.checkpoint_id in kept:
+            continue
+        try:
+            location = check_location(marker.checkpoint_id or "", root, streams, marker=marker)
+        except CheckpointLocationError:
+            continue  # not this trainer's to delete
+        if location.remote == (fs is not None):  # under root, as the new one is
+            _delete_checkpoint(location.uri, fs)
+
+
+def _delete_checkpoint(uri: str, fs: Any | None) -> None:
+    """Deletes the DCP checkpoint at ``uri`` if it is one (it has a ``.metadata``)."""
+    if fs is None:
+        if os.path.isfile(os.path.join(uri, METADATA)):
+            os.unlink(os.path.join(uri, METADATA))  # first, as on S3
+            shutil.rmtree(uri, ignore_errors=True)
+            log.info("deleted checkpoint %s (keep_last)", uri)
+        return
+    if fs.exists(f"{uri}/{METADATA}"):
+        fs.rm([f"{uri}/{METADATA}"])  # first: the rest no longer reads as a checkpoint
+        fs.rm(uri, recursive=True)
+        log.info("deleted checkpoint %s (keep_last)", uri)
 
 
 def load_checkpoint(state: dict[str, Any], checkpoint: str | Marker, dataset: Any,

@@ -85,6 +85,48 @@ def test_a_checkpoint_on_s3_loads_what_was_saved(s3_options, tmp_path) -> None:
     assert fresh.start_step == 2
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_keep_last_deletes_the_checkpoints_it_no_longer_keeps(where, request, tmp_path) -> None:
+    """Only the group's checkpoints past keep_last, under root, that are DCP checkpoints: not
+    one another group's marker names, nor a folder without a ``.metadata``."""
+    options = None
+    base = str(tmp_path)
+    if where == "s3":
+        from tests.s3server import BUCKET
+
+        options = request.getfixturevalue("s3_options")
+        base = f"s3://{BUCKET}/ckpt-prune-{time.time_ns()}"
+    s = _stream(f"{base}/stream", options)
+    root = f"{base}/ckpt"
+    fs = open_filesystem(root, options) if options else None
+
+    def exists(name: str) -> bool:
+        path = f"{root}/{name}/.metadata"
+        return fs.exists(path) if fs else os.path.exists(path)
+
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=6, keep_last=2,
+                       storage_options=options)
+    state = {"w": torch.arange(4.0)}
+    for batch in ds:
+        step = int(batch["step"])
+        save_checkpoint(state, f"c{step + 1}", ds, root=root)
+        if step == 0:  # another group's marker names c1: kept, whatever train keeps
+            s.mark_checkpoint("eval", 1, _markers(s.uri, options)[0][1])
+        if step == 1 and fs is None:  # a folder that is not a checkpoint (any more)
+            os.unlink(f"{root}/c2/.metadata")
+    assert [exists(f"c{k}") for k in range(1, 7)] == [True, False, False, False, True, True]
+    assert fs is not None or os.listdir(f"{root}/c2")  # not a checkpoint: not deleted
+    assert [c.rsplit("/", 1)[1] for _, c in _markers(s.uri, options)] == \
+        [f"c{k}" for k in range(1, 7)]  # the markers stay, naming what they did
+    fresh = StreamDataset(s.uri, rank=0, world_size=1, storage_options=options)
+    with pytest.raises(IncompleteCheckpointError, match="c3 has no .metadata"):
+        load_checkpoint({"w": torch.zeros(4)}, lakestream.open(
+            s.uri, storage_options=options).checkpoints("train")[2], fresh, root=root)
+    load_checkpoint(state, lakestream.open(
+        s.uri, storage_options=options).checkpoints("train")[-1], fresh, root=root)
+    assert fresh.start_step == 6
+
+
 def test_two_gloo_ranks_checkpoint_to_s3_are_killed_and_resume_with_one(
         s3_options, tmp_path) -> None:
     from tests.s3server import BUCKET
