@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from lakestream.producers.importing import ImportResult, import_dataset
 from lakestream.producers.options import CommitPolicy, ProducerOptions
 from lakestream.producers.policy import IntervalController
 from lakestream.producers.producer import Producer
 from lakestream.producers.stats import ProducerStats
 
-__all__ = ["CommitPolicy", "IntervalController", "Producer", "ProducerOptions", "ProducerStats"]
+__all__ = ["CommitPolicy", "ImportResult", "IntervalController", "Producer", "ProducerOptions",
+           "ProducerStats", "import_dataset"]

@@ -46,8 +46,9 @@ LAYERS = {
 """Inside these wings, their modules' layers, lowest first: an import inside a wing points
 down too (records below replay, replay below snapshots, snapshots below the commit...)."""
 
-ALLOWED_UPWARD = {("ops.cli", "demo")}
-"""The CLI's demo verb starts the application built on every layer (imported lazily)."""
+ALLOWED_UPWARD = {("ops.cli", "demo"), ("ops.cli", "producers.importing")}
+"""The CLI's demo verb starts the application built on every layer, and its import verb runs
+a producer (both imported lazily)."""
 
 def _imports(path: Path) -> set[str]:
     found = set()
@@ -92,9 +93,9 @@ def test_core_imports_point_down() -> None:
             if not name.startswith("lakestream."):
                 continue
             other = name.removeprefix("lakestream.")
-            assert _wing(other) not in ("producers", "loaders"), f"{path} imports {name}"
-            if (me, _wing(other)) in ALLOWED_UPWARD:
+            if (me, _wing(other)) in ALLOWED_UPWARD or (me, other) in ALLOWED_UPWARD:
                 continue
+            assert _wing(other) not in ("producers", "loaders"), f"{path} imports {name}"
             mine, theirs = WINGS.index(_wing(me)), WINGS.index(_wing(other))
             assert theirs <= mine, f"{path} ({_wing(me)}) imports {name} ({_wing(other)})"
             if theirs == mine and _wing(me) in LAYERS and me != other:

@@ -169,6 +169,19 @@ def parse_option(text: str) -> tuple[str, str]:
     return key, value
 
 
+def parse_mapping(text: str) -> tuple[str, str]:
+    """``COLUMN=FIELD`` as a pair.
+
+    Raises:
+        argparse.ArgumentTypeError: not two non-empty names around an ``=``.
+    """
+    column, sep, field = text.partition("=")
+    if not sep or not column.strip() or not field.strip():
+        raise argparse.ArgumentTypeError(
+            f"{printable(text)!r} is not COLUMN=FIELD (e.g. --map image=jpg)")
+    return column.strip(), field.strip()
+
+
 def parse_group(text: str) -> str:
     """A consumer group's name (``lakestream.log.entries.check_group``).
 

@@ -21,6 +21,7 @@ from lakestream.ops.args import (
     parse_duration,
     parse_group,
     parse_interval,
+    parse_mapping,
     parse_option,
     parse_schema,
 )
@@ -45,8 +46,8 @@ def _options(args: argparse.Namespace) -> dict[str, str] | None:
 
 DESCRIPTION = """The lakestream command: create a stream, show its state and its consumer
 groups, follow it live, trace a step to the producers and checkpoints behind it, verify it,
-reclaim and delete what no checkpoint needs, run the demo. Every command that prints results
-takes --json."""
+reclaim and delete what no checkpoint needs, import a dataset, run the demo. Every command
+that prints results takes --json."""
 
 EPILOG = """S3 credentials come from the environment (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), an AWS profile (AWS_PROFILE, or the default
@@ -130,6 +131,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, required=True, help="the global batch to trace")
     p = sub.add_parser("verify", help="read and check every log entry, snapshot and fragment")
     p.add_argument("uri")
+    p = sub.add_parser("import", help="bring an existing dataset into a stream, exactly once: "
+                       "run again, it resumes where it stopped")
+    p.add_argument("uri")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="Parquet files, folders or globs; WebDataset .tar shards; or the "
+                   "folder of a Hugging Face dataset saved with save_to_disk")
+    p.add_argument("--format", choices=["parquet", "hf", "webdataset"],
+                   help="what PATH holds (default: told by the files)")
+    p.add_argument("--split", help="the split of a saved Hugging Face DatasetDict")
+    p.add_argument("--map", action="append", default=[], type=parse_mapping,
+                   metavar="COLUMN=FIELD", help="fill the stream's COLUMN from the dataset's "
+                   "FIELD (default: the field of the column's name); WebDataset fields are "
+                   "the extensions and __key__")
+    p.add_argument("--producer-id", default="import",
+                   help="the producer identity whose committed state tracks this import "
+                   "(default: %(default)s); another dataset needs another one")
+    p.add_argument("--global-batch-size", type=int,
+                   help="create the stream, with the dataset's fields as its columns, if it "
+                   "does not exist")
+    p.add_argument("--group-size", type=int, default=1,
+                   help="G, for a stream it creates (default: %(default)s)")
     sub.add_parser("demo", help="run producers and a trainer on a local stream of its own "
                    "(needs torch); takes no options")
     for name, p in sub.choices.items():
@@ -256,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             from lakestream.demo.job import main as demo
 
             return demo()
+        if args.command == "import":
+            return _import(args)
         code = _run(args)
         sys.stdout.flush()
         return code
@@ -270,6 +294,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"lakestream {args.command}: interrupted; a commit it was making may have "
                   "landed: see lakestream status", file=sys.stderr)
         return 130
+
+
+def _import(args: argparse.Namespace) -> int:
+    # A producer's work on top of the core, imported as the demo is.
+    from lakestream.producers.importing import import_dataset
+
+    r = import_dataset(args.uri, args.paths, producer_id=args.producer_id, kind=args.format,
+                       split=args.split, columns=dict(args.map),
+                       storage_options=_options(args),
+                       global_batch_size=args.global_batch_size, group_size=args.group_size)
+    resumed = f" after the {r.resumed_from:,} an earlier run committed" if r.resumed_from \
+        else ""
+    ignored = f"; fields no column takes: {', '.join(r.ignored_fields)}" \
+        if r.ignored_fields else ""
+    _out(args, {"uri": args.uri, **dataclasses.asdict(r)},
+         f"imported {r.rows:,} rows{resumed} in {plural(r.writes, 'write')}, "
+         f"{r.seconds:.1f} s ({r.rows / max(r.seconds, 1e-9):,.0f} rows/s){ignored}")
+    return 0
 
 
 def _drop_stdout() -> None:
