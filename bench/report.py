@@ -7,6 +7,7 @@ import json
 import platform
 import statistics
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -584,6 +585,79 @@ def brokers_notes(brokers: dict[str, Any]) -> list[str]:
     return out
 
 
+def _importing_section(r: dict[str, Any]) -> list[str]:
+    out = ["## `lakestream import` beside a Producer loop (`bench/importing.py`)", "",
+           f"{r['rows']:,} RL rollouts (1-3k int32 tokens, {r['arrow_bytes'] / 1e9:.2f} GB of "
+           "Arrow data) from Parquet files into a local stream, against the loop a user "
+           f"writes (each file by batches, `write` each); {r['reps']} interleaved "
+           "repetitions.", "",
+           "| system | rows/s | MB/s (min-max) | CPU-s per GB |", "| --- | --- | --- | --- |"]
+    for x in r["systems"]:
+        out.append(f"| {x['system']} | {x['rows_per_s']:,.0f} | {x['mb_per_s']:.0f} "
+                   f"({x['mb_per_s_min']:.0f}-{x['mb_per_s_max']:.0f}) | "
+                   f"{x['cpu_s_per_gb']:.1f} |")
+    return out + ["", f"import / loop: {_ratio(r['import_over_loop'])} (target: a producer's "
+                  f"speed, 1x: {_target(r['import_over_loop']['median'] >= 0.95)}).", "",
+                  f"Command: `.venv/bin/python bench/importing.py --rows {r['rows']} "
+                  f"--reps {r['reps']}`", ""]
+
+
+def _s3cache_section(r: dict[str, Any]) -> list[str]:
+    def span(x: dict[str, Any], key: str) -> str:
+        return f"{x[key]:.2f} ({x[key + '_min']:.2f}-{x[key + '_max']:.2f})"
+
+    out = ["## Two passes from S3, with and without a host disk cache (`bench/s3cache.py`)", "",
+           f"A null consumer reading {r['batches']} batches of 64 raw 224x224x3 images (one "
+           "fragment a batch) in process at the defaults, twice, from tmpfs, from SeaweedFS on "
+           "127.0.0.1, and from it through a `DiskCache` on the local disk (`direct`: around "
+           "the page cache, the default; and through it). This 2-core machine, "
+           f"`bench/s3cache.py --reps {r['reps']}`, `bench/results/s3cache.json`; median "
+           "repetition (min-max), ratios per repetition against tmpfs's same pass:", "",
+           "| configuration | pass | GB/s | x tmpfs | CPU-s per GB | CPU x tmpfs | "
+           "fragment GETs |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = {(x["config"], x["pass"]): x for x in r["rows"]}
+    for x in r["rows"]:
+        out.append(f"| {x['config']} | {x['pass']} | {span(x, 'gb_per_s')} | "
+                   f"{span(x, 'rate_vs_tmpfs')} | {x['cpu_s_per_gb']:.2f} | "
+                   f"{span(x, 'cpu_vs_tmpfs')} | {x['fragment_gets']} |")
+    cached = rows.get(("s3 + disk cache, direct", 2))
+    s3 = rows.get(("s3", 1))
+    if cached and s3:
+        out += ["", "Targets (the S3 issue): pass 2 through the cache >= 0.9x tmpfs with 0 "
+                f"fragment GETs: {cached['fragment_gets']} GETs, "
+                f"{span(cached, 'rate_vs_tmpfs')}x: "
+                f"{_target(cached['rate_vs_tmpfs'] >= 0.9 and cached['fragment_gets'] == 0)}; "
+                f"CPU per GB from S3 <= 1.3x tmpfs: {span(s3, 'cpu_vs_tmpfs')}x: "
+                f"{_target(s3['cpu_vs_tmpfs'] <= 1.3)}."]
+    return out + [""]
+
+
+def _s3race_section(r: dict[str, Any]) -> list[str]:
+    out = ["## Conditional puts racing on SeaweedFS (`bench/s3race.py`)", "",
+           f"{r['writers']} writers put the same new key with `If-None-Match: *` at once "
+           f"(boto3, one attempt each), {r['rounds']} rounds, beside the same puts of keys "
+           f"nobody races for (`{r['command']}`, 2 cores, {r['server']}):", "",
+           "| puts | n | p50 ms | p99 ms | max ms |", "| --- | --- | --- | --- | --- |"]
+    for key, name in (("alone", "alone"), ("won", "raced, won"), ("lost", "raced, lost (412)")):
+        x = r[key]
+        out.append(f"| {name} | {x['n']} | {x['p50_ms']:,.1f} | {x['p99_ms']:,.1f} | "
+                   f"{x['max_ms']:,.1f} |")
+    return out + ["", f"In {r['rounds_with_an_answer_of_500ms_or_more']} of {r['rounds']} "
+                  "rounds some writer got its answer only after 0.5 s or more: the server, "
+                  "not the client, holds a put that loses a race, and a commit that loses one "
+                  "there waits that long. Rounds without exactly one winner: "
+                  f"{r['rounds_without_exactly_one_winner']}.", ""]
+
+
+SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], list[str]]], ...] = (
+    ("codecs", _codecs_section), ("stages", _stages_section), ("tailing", _tailing_section),
+    ("ingest", _ingest_section), ("scale", _scale_section), ("mixing", _mixing_section),
+    ("sft_mix", _sft_mix_section), ("balance", _balance_section), ("loader", _loader_section),
+    ("importing", _importing_section), ("s3cache", _s3cache_section),
+    ("s3race", _s3race_section))
+"""The results whose section is one function of them, in the order they appear."""
+
+
 def main() -> None:
     out = ["# Benchmarks", "",
            "Produced by one `bench/run-all` on this machine; every peer ran beside Lakestream in",
@@ -767,33 +841,10 @@ def main() -> None:
                 f"repetitions, min-max), minimum {min(by_tenth):.2f}x over the growth run: "
                 f"{_target(small['median'] >= 3 and min(by_tenth) >= 3)}.", "",
                 f"Command: `{deltars['command'].strip()}`", ""]
-    codecs = _load("codecs")
-    if isinstance(codecs, dict):
-        out += _codecs_section(codecs)
-    stages = _load("stages")
-    if isinstance(stages, dict):
-        out += _stages_section(stages)
-    tailing = _load("tailing")
-    if isinstance(tailing, dict):
-        out += _tailing_section(tailing)
-    ingest = _load("ingest")
-    if isinstance(ingest, dict):
-        out += _ingest_section(ingest)
-    scale = _load("scale")
-    if isinstance(scale, dict):
-        out += _scale_section(scale)
-    mixing = _load("mixing")
-    if isinstance(mixing, dict):
-        out += _mixing_section(mixing)
-    sft = _load("sft_mix")
-    if isinstance(sft, dict):
-        out += _sft_mix_section(sft)
-    balance = _load("balance")
-    if isinstance(balance, dict):
-        out += _balance_section(balance)
-    loader = _load("loader")
-    if isinstance(loader, dict) and "systems" in loader:
-        out += _loader_section(loader)
+    for name, section in SECTIONS:
+        result = _load(name)
+        if isinstance(result, dict) and (name != "loader" or "systems" in result):
+            out += section(result)
     ceiling = [(title, r) for title, name in (
         ("Raw 224x224x3 uint8 images in a tensor column", "ceiling-raw"),
         ("RL rollouts, list<int32> of 1-3k tokens, beside a colocated per-batch Parquet "

@@ -54,7 +54,8 @@ def drain(batches: Iterable[dict[str, Any]], sample_bytes: float) -> dict[str, f
 
 
 def plot_bars(rows: list[dict[str, Any]], path: Path, title: str,
-              figsize: tuple[float, float] = (8, 4)) -> None:
+              figsize: tuple[float, float] = (8, 4),
+              ylabel: str = "MB/s into padded tensors (one rank, median of reps)") -> None:
     """Each configuration's median MB/s (rows from ``summarise``) with its min-max, and its
     CPU-s per GB above it."""
     import matplotlib
@@ -70,7 +71,7 @@ def plot_bars(rows: list[dict[str, Any]], path: Path, title: str,
     for k, r in enumerate(rows):
         ax.text(k, r["mb_per_s"], f"{r['cpu_s_per_gb']:.1f} CPU-s/GB", ha="center",
                 va="bottom", fontsize=8)
-    ax.set_ylabel("MB/s into padded tensors (one rank, median of reps)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
