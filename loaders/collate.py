@@ -20,6 +20,7 @@ A callable receives the ``pyarrow.Table`` and may return anything.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -243,3 +244,24 @@ def collate_table(table: pa.Table, mode: str = "padded", *,
         else:
             out[field.name] = col.to_pylist()
     return out
+
+
+class Batch(dict[str, Any]):
+    """A batch as a ``StreamDataset`` yields it: a dict, which a ``DataLoader``'s own
+    batching refuses. The dataset yields whole batches (this rank's slice of a step), so a
+    loader's ``batch_size=1`` (its default) would stack each into a new leading dimension,
+    and ``batch_size=32`` 32 steps into one: ``default_collate`` copies a dict batch before
+    filling it, and that copy raises, naming the fix. Every other copy (``default_convert``
+    with ``batch_size=None``, pinning, a user's ``copy.copy``) is a plain copy."""
+
+    def __copy__(self) -> Batch:
+        caller = sys._getframe(2)  # __copy__ <- copy.copy <- its caller
+        if caller.f_code.co_name == "collate" and \
+                caller.f_globals.get("__name__") == "torch.utils.data._utils.collate":
+            raise ValueError(
+                "a StreamDataset yields whole batches (this rank's slice of each step): a "
+                "DataLoader's own batching would stack them into a new leading dimension. "
+                "Pass DataLoader(ds, batch_size=None), or StreamLoader(ds); to choose the "
+                "batch size, pass StreamDataset(..., batch_size=n)")
+        return Batch(self)
+

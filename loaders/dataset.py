@@ -18,7 +18,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lakestream.errors import LakestreamError, PermissionDeniedError
-from lakestream.loaders.collate import Collate, ColumnArrays, collate_table
+from lakestream.loaders.collate import Batch, Collate, ColumnArrays, collate_table
 from lakestream.loaders.device import Delivery, check_delivery
 from lakestream.loaders.host import (
     default_prefetch,
@@ -114,6 +114,11 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     Args:
         uri: the stream, or the sources of a mix. group: the consumer group, or None to read
             without one.
+        batch_size: samples per step over all ranks, chosen at read time (None: the
+            stream's global batch size): the stream's samples in log order, cut into
+            batches of this many, groups whole (a multiple of the group size; W must divide
+            it into whole groups). Resumes, markers and retention work as with the stream's
+            own steps; a checkpoint may resume with another batch size.
         rank, world_size: default to torch.distributed, then RANK/WORLD_SIZE, then 0/1.
         start_step: the first step to read. max_steps: iteration stops before this step.
         columns: the columns to read (all if None). timeout: seconds to wait for a step
@@ -170,19 +175,29 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                  epochs: int | None = None, max_staleness: int | None = None,
                  on_stale: str = "drop", accept: Accept | None = None,
                  accept_columns: Sequence[str] | None = None,
-                 balance: str | None = None, disk_cache: DiskCache | None = None) -> None:
+                 balance: str | None = None, disk_cache: DiskCache | None = None,
+                 batch_size: int | None = None) -> None:
         super().__init__()
         if disk_cache is not None and not isinstance(disk_cache, DiskCache):
             raise TypeError(f"disk_cache must be a lakestream DiskCache(folder, limit), got "
                             f"{disk_cache!r}")
         self.disk_cache = disk_cache
+        if batch_size is not None and (not isinstance(batch_size, int)
+                                       or isinstance(batch_size, bool) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
         if isinstance(uri, str):
-            self.sources = [Source(uri, storage_options=storage_options)]
+            # A batch size chosen at read time is a one-source mix taking that many samples
+            # a step: same order, same resume, same markers in the stream's own steps.
+            self.sources = [Source(uri, batch_size, storage_options=storage_options)]
+        elif batch_size is not None:
+            raise ValueError("batch_size= reads one stream: a mix's step is the sum of its "
+                             "sources' takes (Source(uri, take=n))")
         else:
             self.sources = [s if s.storage_options is not None or storage_options is None
                             else Source(s.uri, s.take, s.cycle, storage_options) for s in uri]
             if not self.sources or not all(isinstance(s, Source) for s in self.sources):
                 raise TypeError("uri must be a stream URI or a non-empty list of Source")
+        self.batch_size = batch_size
         self.uri = " + ".join(s.uri for s in self.sources)
         self.shuffle_window, self.seed, self.epochs = shuffle_window, seed, epochs
         if isinstance(accept_columns, str):
@@ -197,8 +212,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                                    or self.sources[0].cycle or shuffle_window is not None
                                    or epochs is not None):
             raise ValueError("read-time policies (max_staleness, accept, balance) read one "
-                             "stream in log order: they do not combine with mixing, "
-                             "shuffle_window or epochs")
+                             "stream's own steps in log order: they do not combine with "
+                             "mixing, batch_size, shuffle_window or epochs")
         self._base: Base = (0, [0] * len(self.sources))
         self._keyed = True
         """Whether the plan keys each source's permutations by its stream's identity; a
@@ -263,6 +278,11 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             base_step, starts = self._base
             streams = [Stream.open(s.uri, storage_options=s.storage_options,
                                    disk_cache=self.disk_cache) for s in self.sources]
+            take = self.batch_size
+            if take is not None and take % streams[0].group_size:
+                raise ValueError(f"batch_size={take} splits the groups of {streams[0].uri} "
+                                 f"(group size {streams[0].group_size}): pass a multiple "
+                                 "of the group size")
             if self.policy.active:
                 self._mix = SelectedSteps(streams[0], self.policy, base_step, starts[0])
             else:
@@ -343,7 +363,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 self.record_step(step)
             else:  # this worker's copy: what a StatefulDataLoader saves per worker
                 self.start_step, self._worker_next = step + 1, step + workers
-            yield item
+            yield Batch(item) if type(item) is dict else item
 
     def _finisher(self, shared: bool, delivery: Delivery
                   ) -> Callable[[int, Any, dict[str, Any]], Any]:
