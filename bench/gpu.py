@@ -15,6 +15,9 @@ The loaders, all yielding the same ``[B, 224, 224, 3]`` uint8 ``image`` and ``[B
                       num_workers=W)``;
   mosaic-streaming    MosaicML Streaming over MDS shards, ``DataLoader(num_workers=W)``
                       (where the ``streaming`` package imports: run with .venv-bench);
+  lakestream-batch    (``--loaders`` only) ``lakestream`` over a copy of the stream whose
+                      own steps are 4 batches, read with ``batch_size=`` a batch: the cost
+                      of a batch size chosen at read time;
   lakestream-nvjpeg   (``--jpeg`` on CUDA only) ``StreamDataset`` in the trainer process
                       handing over the JPEG bytes pinned, decoded on the GPU by nvJPEG
                       (``torchvision.io.decode_jpeg(device="cuda")``) inside ``next()``.
@@ -93,7 +96,9 @@ warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 RESULTS = Path(__file__).parent / "results"
 LOADERS = ("synthetic", "lakestream", "lakestream-loader", "colocated-samples",
-           "colocated-batches", "mosaic-streaming", "lakestream-nvjpeg")
+           "colocated-batches", "mosaic-streaming", "lakestream-nvjpeg", "lakestream-batch")
+READ_TIME_FACTOR = 4
+"""``lakestream-batch`` reads a stream whose own steps are this many batches."""
 VOCAB = 50257
 POOL_BATCHES = 4
 """The data repeats a pool of this many batches of distinct samples (its pictures are not
@@ -143,10 +148,12 @@ def stream_schema(config: dict[str, Any]) -> pa.Schema:
     return pa.schema([image, pa.field("label", pa.int64())])
 
 
-def write_stream(uri: str, config: dict[str, Any], pool: Any) -> dict[str, Any]:
-    """The stream, one fragment per batch, through a Producer; its CPU per GB."""
-    lakestream.create(uri, stream_schema(config), global_batch_size=config["batch"],
-                      group_size=1)
+def write_stream(uri: str, config: dict[str, Any], pool: Any,
+                 steps_of: int = 1) -> dict[str, Any]:
+    """The stream, one fragment per batch, its own steps ``steps_of`` batches, through a
+    Producer; its CPU per GB."""
+    lakestream.create(uri, stream_schema(config),
+                      global_batch_size=config["batch"] * steps_of, group_size=1)
     batches = [batch_rows(config, pool, k) for k in range(config["batches"])]
     wall, cpu = time.perf_counter(), time.process_time()
     with Producer(uri, "bench-producer") as producer:
@@ -262,7 +269,7 @@ class ParquetBatches(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 
 def stream_dataset(config: dict[str, Any], *, in_process: bool,
-                   gpu_decode: bool = False) -> StreamDataset:
+                   gpu_decode: bool = False, read_time: bool = False) -> StreamDataset:
     """Lakestream's dataset at its defaults (no consumer group; its read threads and
     prefetch sized from the host), decoding JPEGs with ``transform=`` (unless the GPU
     decodes them: ``gpu_decode``); in the trainer
@@ -278,6 +285,8 @@ def stream_dataset(config: dict[str, Any], *, in_process: bool,
             kw["device"] = "cuda"
         else:
             kw["pin_memory"] = True
+    if read_time:
+        return StreamDataset(config["uri_batch"], batch_size=config["batch"], **kw)
     return StreamDataset(config["uri"], **kw)
 
 
@@ -292,6 +301,10 @@ def make_loader(config: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]
     if name == "lakestream":
         ds = stream_dataset(config, in_process=True)
         return ds, {"in_process": True, "pin_memory": ds.pin_memory, "device": ds.device}
+    if name == "lakestream-batch":
+        ds = stream_dataset(config, in_process=True, read_time=True)
+        return ds, {"in_process": True, "batch_size": ds.batch_size,
+                    "stream_batch": config["batch"] * READ_TIME_FACTOR}
     if name == "lakestream-nvjpeg":
         ds = stream_dataset(config, in_process=True, gpu_decode=True)
         return NvJpeg(ds), {"in_process": True, "pin_memory": ds.pin_memory,
@@ -642,6 +655,9 @@ def ratios(runs: list[dict[str, Any]], reps: int) -> dict[str, dict[str, float]]
     present = {r["loader"] for r in runs}
     peers = [p for p in PEERS if p in present]
     out = {}
+    if {"lakestream", "lakestream-batch"} <= present:
+        out["lakestream-batch / lakestream"] = spread(
+            [of("lakestream-batch", k) / of("lakestream", k) for k in range(reps)])
     for ours in ("lakestream", "lakestream-loader"):
         if ours not in present:
             continue
@@ -750,7 +766,7 @@ def main() -> None:
         return
     nvjpeg = args.jpeg and not args.stand_in
     names = [n.strip() for n in args.loaders.split(",") if n.strip()] if args.loaders else \
-        [n for n in LOADERS if nvjpeg or n != "lakestream-nvjpeg"]
+        [n for n in LOADERS if (nvjpeg or n != "lakestream-nvjpeg") and n != "lakestream-batch"]
     if "synthetic" not in names or any(n not in LOADERS for n in names):
         p.error(f"--loaders must name synthetic and only these: {', '.join(LOADERS)}")
     if "lakestream-nvjpeg" in names and (args.stand_in or not args.jpeg):
@@ -775,7 +791,8 @@ def main() -> None:
         "_null" if args.trainer == "null" else "" if args.stand_in or args.lm
         or args.model == "vit_small_patch16_224" else f"_{args.model}") + (
         f"_t{args.read_threads}" if args.read_threads else "") + {
-        "raw": "", "jpeg": "_jpeg", "tokens": "_lm"}[kind]
+        "raw": "", "jpeg": "_jpeg", "tokens": "_lm"}[kind] + (
+        "_batch" if "lakestream-batch" in names else "")
     partial = RESULTS / f"{stem}.partial.json"
     root = tempfile.mkdtemp(prefix="lakestream-gpu-", dir=args.root or data_dir(config))
     result: dict[str, Any] = {"command": " ".join(["bench/gpu.py", *sys.argv[1:]]),
@@ -787,6 +804,10 @@ def main() -> None:
         result["producer"] = write_stream(config["uri"], config, pool)
         print(f"producer: {result['producer']['cpu_s_per_raw_gb']:.2f} CPU-s per GB of raw "
               f"samples ({result['producer']['cores']:.2f} cores)", flush=True)
+        if "lakestream-batch" in names:
+            config["uri_batch"] = f"{root}/stream-batch"
+            config["batches"] -= config["batches"] % READ_TIME_FACTOR  # whole own steps
+            write_stream(config["uri_batch"], config, pool, READ_TIME_FACTOR)
         if kind == "jpeg":
             result["jpeg_kb_per_image"] = np.mean([len(b) for b in pool]) / 1e3
         config["files"] = write_parquet(root, config, pool)

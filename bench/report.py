@@ -852,7 +852,10 @@ def main() -> None:
     if ceiling:
         out += _ceiling_section(ceiling)
     gpu = [(kind, r) for kind, name in (("Raw 224x224x3 uint8 images", "gpu_standin"),
-                                        ("JPEG q90 images decoded by PIL", "gpu_standin_jpeg"))
+                                        ("JPEG q90 images decoded by PIL", "gpu_standin_jpeg"),
+                                        ("Raw 224x224x3 uint8 images, a stream whose own "
+                                         "steps are 256 read with batch_size=64",
+                                         "gpu_standin_batch"))
            if isinstance(r := _load(name), dict)]
     if gpu:
         out += _gpu_section(gpu)
