@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from lakestream.errors import LakestreamError
 from lakestream.log import commits
 from lakestream.log.compaction import GcReport
 from lakestream.log.entries import StreamMeta
@@ -206,7 +207,8 @@ class Stream:
     def _version(self, build: Build) -> int:
         """Commits an entry ``build`` always makes; returns its version."""
         result = self.commit(build)
-        assert result is not None
+        if result is None:  # the build always makes an entry; kept under python -O too
+            raise LakestreamError(f"{self.uri}: a commit that always makes an entry made none")
         return result.version
 
     def append(self, data: Any, *, commit_options: CommitOptions | None = None) -> int:

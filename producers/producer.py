@@ -97,7 +97,8 @@ class Producer:
         self._row_group_bytes = row_group_target(self._stream.schema)
         self._pid = os.getpid()
         fenced = self._stream.commit(self._fence, self.options.commit)
-        assert fenced is not None and isinstance(fenced.entry, Fence)
+        if fenced is None or not isinstance(fenced.entry, Fence):  # kept under python -O
+            raise LakestreamError(f"producer {producer_id}: opening committed no fence")
         self.epoch = fenced.entry.epoch
         mine = self._stream.state.producers[self.producer_id]
         self._cond = threading.Condition()

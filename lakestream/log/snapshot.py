@@ -239,7 +239,8 @@ def _stored_parts(rows: list[list[Any]]) -> list[Part]:
 
 
 def _manifest_row(part: Part) -> list[object]:
-    assert part.key is not None and part.key.startswith(INDEX_DIR)
+    if part.key is None or not part.key.startswith(INDEX_DIR):  # kept under python -O
+        raise ValueError(f"an index segment outside {INDEX_DIR}: {part.key!r}")
     return [part.key[len(INDEX_DIR):], part.lo, part.hi, part.fragments, part.crc, part.start,
             part.end]
 
