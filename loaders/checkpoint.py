@@ -241,7 +241,10 @@ def save_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
         hold = ds.load_loader_state(dataset.state_dict())
     version = ds.commit_checkpoint(checkpoint_id=location.uri, hold_offsets=hold)
     if version is not None and ds.keep_last is not None and root is not None:
-        _prune(ds, root, fs)
+        try:
+            _prune(ds, root, fs)
+        except Exception as e:  # rank 0 alone prunes: it must not leave the others waiting
+            log.warning("keep_last: could not delete older checkpoints under %s: %s", root, e)
     return version
 
 
@@ -249,44 +252,56 @@ PRUNE_LOOKBACK = 4
 """How many of the markers just past ``keep_last`` a save looks at to delete their
 checkpoints: the one this save pushed out, and a few a crash may have left (the cost of a
 save stays bounded however many markers the group has)."""
+_GLOB = frozenset("*?[")
+"""Characters a filesystem's ``rm`` would expand: a location holding one is never deleted."""
 
 
 def _prune(ds: StreamDataset, root: str, fs: Any | None) -> None:
     """Deletes the checkpoints of the group's markers that ``keep_last`` no longer keeps
     (as ``save_total_limit`` does in other trainers): retention has reclaimed, or will
-    reclaim, the data they resume at. Only a folder under ``root`` that holds a DCP
-    ``.metadata`` is deleted, and never one that a kept marker of this group, or any marker
-    of another group, names."""
+    reclaim, the data they resume at. Only a folder under ``root`` (not ``root`` itself)
+    that holds a DCP ``.metadata`` is deleted, and never one that holds, or lies in, a
+    location a kept marker of this group, or any marker of another group, names."""
     group, keep = ds.group, ds.keep_last
     if group is None or keep is None:
         return
     streams = [source.uri for source in ds.sources]
-    kept: set[str | None] = set()
+
+    def place(marker: Marker) -> str | None:
+        try:
+            return check_location(marker.checkpoint_id or "", root, streams,
+                                  marker=marker).uri.rstrip("/")
+        except CheckpointLocationError:
+            return None  # not under root: not this trainer's
+
+    kept: set[str] = set()
     for stream in ds.streams:
         for other in stream.groups:
             markers = stream.checkpoints(other)
-            kept.update(m.checkpoint_id for m in (markers[-keep:] if other == group else markers))
+            kept.update(p for m in (markers[-keep:] if other == group else markers)
+                        if (p := place(m)) is not None)
+    absolute = root if "://" in root else os.path.abspath(root)
+    top = check_location(absolute, root, streams).uri.rstrip("/")
     for marker in ds.streams[0].checkpoints(group)[:-keep][-PRUNE_LOOKBACK:]:
-        if marker.checkpoint_id in kept:
+        uri = place(marker)
+        if uri is None or uri == top or _GLOB & set(uri) or any(
+                k == uri or k.startswith(uri + "/") or uri.startswith(k + "/") for k in kept):
             continue
-        try:
-            location = check_location(marker.checkpoint_id or "", root, streams, marker=marker)
-        except CheckpointLocationError:
-            continue  # not this trainer's to delete
-        if location.remote == (fs is not None):  # under root, as the new one is
-            _delete_checkpoint(location.uri, fs)
+        if (fs is not None) == uri.startswith(("s3://", "s3a://")):  # as the new one is
+            _delete_checkpoint(uri, fs)
 
 
 def _delete_checkpoint(uri: str, fs: Any | None) -> None:
-    """Deletes the DCP checkpoint at ``uri`` if it is one (it has a ``.metadata``)."""
+    """Deletes the DCP checkpoint at ``uri`` if it is one (it has a ``.metadata``), that
+    file first: a half-deleted checkpoint never reads as whole."""
     if fs is None:
         if os.path.isfile(os.path.join(uri, METADATA)):
-            os.unlink(os.path.join(uri, METADATA))  # first, as on S3
+            os.unlink(os.path.join(uri, METADATA))
             shutil.rmtree(uri, ignore_errors=True)
             log.info("deleted checkpoint %s (keep_last)", uri)
         return
     if fs.exists(f"{uri}/{METADATA}"):
-        fs.rm([f"{uri}/{METADATA}"])  # first: the rest no longer reads as a checkpoint
+        fs.rm_file(f"{uri}/{METADATA}")
         fs.rm(uri, recursive=True)
         log.info("deleted checkpoint %s (keep_last)", uri)
 

@@ -255,8 +255,9 @@ class Batch(dict[str, Any]):
     with ``batch_size=None``, pinning, a user's ``copy.copy``) is a plain copy."""
 
     def __copy__(self) -> Batch:
-        caller = sys._getframe(2)  # __copy__ <- copy.copy <- its caller
-        if caller.f_code.co_name == "collate" and \
+        copier = sys._getframe(1)  # copy.copy, or whoever called __copy__ itself
+        caller = copier.f_back
+        if caller is not None and caller.f_code.co_name == "collate" and \
                 caller.f_globals.get("__name__") == "torch.utils.data._utils.collate":
             raise ValueError(
                 "a StreamDataset yields whole batches (this rank's slice of each step): a "

@@ -61,39 +61,39 @@ def import_dataset(uri: str, paths: str | Sequence[str], *, producer_id: str = "
 
     Raises:
         ValueError: the dataset cannot be read as that kind, a stream column has no field,
-            ``columns`` names no stream column, the rows left do not make whole groups, or
-            ``producer_id`` holds the state of other work. Raised before anything is
-            written: the stream is unchanged.
+            ``columns`` names no stream column, the rows left do not make whole groups
+            (where the files count them), or ``producer_id`` holds the state of other work.
+            Raised before anything is written: the stream is unchanged. WebDataset shards
+            are not counted ahead: a last group short of the group size is found at the
+            end, the rows before it committed.
         SchemaMismatchError: a field's values do not fit its column (rows before the
             write that holds them are committed; a rerun resumes there).
     """
     started = time.monotonic()
     data = open_dataset(paths, kind, split)
-    try:
-        stream: lakestream.Stream | None = lakestream.open(uri, storage_options=storage_options)
-    except NotFoundError:
-        if global_batch_size is None:
-            raise
-        stream = None
+    fingerprint = data.fingerprint
+    stream = _open(uri, storage_options, create=global_batch_size is not None)
     if stream is None:
         named = {field: column for column, field in (columns or {}).items()}
         schema = pa.schema([f.with_name(named.get(f.name, f.name)) for f in data.schema])
-        group, mine = group_size, None
+        group, state = group_size, None
     else:
         schema, group = stream.schema, stream.group_size
         mine = stream.state.producers.get(producer_id)
+        state = None if mine is None else mine.state
     fields = _fields(schema, data, columns)
-    start, done = _resume(None if mine is None else mine.state, data, producer_id, uri)
-    if data.rows is not None and (data.rows - done) % group:
-        raise ValueError(f"{data.rows - done} rows left to import are not whole groups of "
-                         f"{group} (the stream's group size): import a dataset whose rows "
-                         "make whole groups, or into a stream of group size 1")
+    ignored = tuple(n for n in data.schema.names if n not in fields)
+    start, done = _resume(state, fingerprint, data, producer_id, uri, group)
+    if done == data.rows:  # all in: not even a fence to commit
+        return ImportResult(0, done, 0, time.monotonic() - started, ignored)
     if stream is None and global_batch_size is not None:
         lakestream.create(uri, schema, global_batch_size=global_batch_size,
                           group_size=group_size, storage_options=storage_options)
-    writer = _Writer(data.fingerprint, group, done, write_bytes)
-    read_rows = max(1, min(READ_ROWS, int(write_bytes / max(1.0, data.row_bytes))))
     with Producer(uri, producer_id, storage_options=storage_options, options=options) as p:
+        if p.state != state:  # an instance fenced just now committed more meanwhile
+            start, done = _resume(p.state, fingerprint, data, producer_id, uri, group)
+        writer = _Writer(fingerprint, group, done, write_bytes)
+        read_rows = max(1, min(READ_ROWS, int(write_bytes / max(1.0, data.row_bytes))))
         for position, table in data.read(start, fields, read_rows):
             writer.add(position, table)
             writer.write(p)
@@ -101,9 +101,23 @@ def import_dataset(uri: str, paths: str | Sequence[str], *, producer_id: str = "
         if writer.rows:
             raise ValueError(f"the dataset's last {writer.rows} rows are not a whole group of "
                              f"{group} (the stream's group size): they were not imported")
-    ignored = tuple(n for n in data.schema.names if n not in fields)
     return ImportResult(writer.written, done, writer.writes, time.monotonic() - started,
                         ignored)
+
+
+def _open(uri: str, storage_options: dict[str, str] | None,
+          create: bool) -> lakestream.Stream | None:
+    """The stream, or None where it does not exist and ``create`` says to make it.
+
+    Raises:
+        NotFoundError: it does not exist, and nothing says to create it.
+    """
+    try:
+        return lakestream.open(uri, storage_options=storage_options)
+    except NotFoundError:
+        if not create:
+            raise
+        return None
 
 
 def _fields(schema: pa.Schema, data: DatasetFiles,
@@ -111,8 +125,9 @@ def _fields(schema: pa.Schema, data: DatasetFiles,
     """Dataset field -> the stream's field it fills.
 
     Raises:
-        ValueError: ``columns`` names no stream column, or (Parquet, Arrow) a stream
-            column's field is not in the dataset.
+        ValueError: ``columns`` names no stream column, or a stream column's field is not
+            in every file (Parquet, Arrow) or in the first sample (WebDataset, whose later
+            samples may lack it: a null there).
     """
     columns = dict(columns or {})
     unknown = sorted(set(columns) - set(schema.names))
@@ -122,9 +137,11 @@ def _fields(schema: pa.Schema, data: DatasetFiles,
     out: dict[str, pa.Field] = {}
     for field in schema:
         name = columns.get(field.name, field.name)
-        if data.kind != "webdataset" and name not in data.schema.names:
-            raise ValueError(f"the stream's column {field.name!r} has no field {name!r} in the "
-                             f"dataset (it has {data.schema.names}): map one with "
+        if name not in data.schema.names:
+            where = "the dataset's first sample" if data.kind == "webdataset" else \
+                "every file of the dataset"
+            raise ValueError(f"the stream's column {field.name!r} has no field {name!r} in "
+                             f"{where} (it has {data.schema.names}): map one with "
                              f"columns={{{field.name!r}: FIELD}} (--map {field.name}=FIELD)")
         if name in out:
             raise ValueError(f"field {name!r} is mapped to two columns: "
@@ -133,22 +150,30 @@ def _fields(schema: pa.Schema, data: DatasetFiles,
     return out
 
 
-def _resume(state: Any, data: DatasetFiles, producer_id: str,
-            uri: str) -> tuple[Position, int]:
+def _resume(state: Any, fingerprint: str, data: DatasetFiles, producer_id: str, uri: str,
+            group: int) -> tuple[Position, int]:
     """Where this import resumes, and the rows committed before it, from the producer's
     committed state.
 
     Raises:
-        ValueError: the state is not this dataset's import.
+        ValueError: the state is not this dataset's import, or the rows left (where the
+            files count them) are not whole groups.
     """
     if state is None:
-        return Position(0, 0), 0
-    if isinstance(state, dict) and state.get("import") == data.fingerprint:
-        return Position(int(state["file"]), int(state["row"])), int(state["rows"])
-    what = "an import of another dataset" if isinstance(state, dict) and "import" in state \
-        else "other work"
-    raise ValueError(f"producer {producer_id!r} of {uri} has committed {what} (its state: "
-                     f"{str(state)[:200]}): pass another producer id to import this dataset")
+        start, done = Position(0, 0), 0
+    elif isinstance(state, dict) and state.get("import") == fingerprint:
+        start, done = Position(int(state["file"]), int(state["row"])), int(state["rows"])
+    else:
+        what = "an import of another dataset" if isinstance(state, dict) and \
+            "import" in state else "other work"
+        raise ValueError(f"producer {producer_id!r} of {uri} has committed {what} (its "
+                         f"state: {str(state)[:200]}): pass another producer id to import "
+                         "this dataset")
+    if data.rows is not None and (data.rows - done) % group:
+        raise ValueError(f"{data.rows - done} rows left to import are not whole groups of "
+                         f"{group} (the stream's group size): import a dataset whose rows "
+                         "make whole groups, or into a stream of group size 1")
+    return start, done
 
 
 class _Writer:

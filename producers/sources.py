@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FORMATS = ("parquet", "hf", "webdataset")
+EDGE_BYTES = 4096
+"""What of each file the fingerprint reads."""
 KEY_FIELD = "__key__"
 """A WebDataset sample's key, as a field of its own."""
 
@@ -43,6 +45,7 @@ class DatasetFiles:
     files: tuple[str, ...]
     sizes: tuple[int, ...]
     schema: pa.Schema
+    """The fields every file holds (for WebDataset, those of its first sample)."""
     rows: int | None
     """All its rows, where the files' metadata says (None for WebDataset)."""
     row_bytes: float
@@ -51,11 +54,18 @@ class DatasetFiles:
 
     @property
     def fingerprint(self) -> str:
-        """A digest of the kind, the files' names (as given) and sizes, in order: an import
-        resumes only the dataset it started (a copy elsewhere counts as the same)."""
-        names = [os.path.basename(f) for f in self.files]
-        body = json.dumps([self.kind, names, list(self.sizes)]).encode()
-        return hashlib.sha256(body).hexdigest()[:32]
+        """A digest of the kind and, in order, each file's name, size and edge (the 4 KiB
+        at its end for Parquet, its footer's; at its start otherwise): an import resumes
+        only the dataset it started (a copy elsewhere counts as the same), also where
+        another dataset's files have the same names and sizes."""
+        digest = hashlib.sha256(json.dumps([self.kind]).encode())
+        for path, size in zip(self.files, self.sizes, strict=True):
+            digest.update(json.dumps([os.path.basename(path), size]).encode())
+            with open(path, "rb") as f:
+                if self.kind == "parquet":
+                    f.seek(max(0, size - EDGE_BYTES))
+                digest.update(f.read(EDGE_BYTES))
+        return digest.hexdigest()[:32]
 
     def read(self, start: Position, fields: dict[str, pa.Field],
              rows: int) -> Iterator[tuple[Position, pa.Table]]:
@@ -98,10 +108,13 @@ def open_dataset(paths: str | Sequence[str], kind: str | None = None,
     kind = kind or found.pop()
     sizes = tuple(os.path.getsize(f) for f in files)
     if kind == "parquet":
-        metas = [pq.ParquetFile(f).metadata for f in files]
+        opened = [pq.ParquetFile(f) for f in files]
+        metas = [p.metadata for p in opened]
         first = next((m.row_group(0) for m in metas if m.num_row_groups), None)
         row_bytes = first.total_byte_size / max(1, first.num_rows) if first else 1.0
-        return DatasetFiles(kind, tuple(files), sizes, _plain(pq.read_schema(files[0])),
+        shared = set.intersection(*(set(p.schema_arrow.names) for p in opened))
+        schema = pa.schema([f for f in _plain(opened[0].schema_arrow) if f.name in shared])
+        return DatasetFiles(kind, tuple(files), sizes, schema,
                             sum(m.num_rows for m in metas), row_bytes)
     if kind == "webdataset":
         schema, row_bytes = _tar_schema(files[0])
@@ -239,8 +252,8 @@ def _samples(path: str) -> Iterator[dict[str, bytes | str]]:
                 continue
             folder, _, name = member.name.rpartition("/")
             stem, dot, extension = name.partition(".")
-            if not dot or stem.startswith("."):
-                continue  # not a sample's field (a README, a hidden file)
+            if not dot or not stem:
+                continue  # not a sample's field (a README, a hidden file such as ._0.jpg)
             key = f"{folder}/{stem}" if folder else stem
             if sample and sample[KEY_FIELD] != key:
                 yield sample

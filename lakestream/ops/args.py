@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import zoneinfo
 
 import pyarrow as pa
 
@@ -41,9 +42,10 @@ def parse_type(text: str) -> pa.DataType:
     if kind == "list" and args:
         return pa.list_(parse_type(",".join(args)))
     if kind == "struct" and args:
-        return pa.struct([parse_field(part) for part in args])
-    if kind == "timestamp" and len(args) in (1, 2) and args[0] in _UNITS:
-        return pa.timestamp(args[0], tz=args[1] if len(args) == 2 and args[1] else None)
+        return pa.struct([parse_field(part, top=False) for part in args])
+    if kind == "timestamp" and args and args[0] in _UNITS and (
+            len(args) == 1 or len(args) == 2 and _zone(args[1])):
+        return pa.timestamp(args[0], tz=args[1] if len(args) == 2 else None)
     if kind == "decimal" and len(args) == 2 and all(a.isdigit() for a in args):
         return pa.decimal128(int(args[0]), int(args[1]))
     if kind == "tensor":
@@ -55,9 +57,9 @@ def parse_type(text: str) -> pa.DataType:
                      + ", ".join(TYPE_FORMS))
 
 
-def parse_field(text: str) -> pa.Field:
+def parse_field(text: str, top: bool = True) -> pa.Field:
     """``name:type`` (a trailing ``!``: not nullable) as an Arrow field; ``tensor<dtype,
-    d0,d1,...>`` makes a tensor column (``lakestream.tensor_field``).
+    d0,d1,...>`` makes a tensor column (``lakestream.tensor_field``), a ``top`` one only.
 
     Raises:
         ValueError: not ``name:type``, or an unknown type.
@@ -69,7 +71,7 @@ def parse_field(text: str) -> pa.Field:
     nullable = not typ.endswith("!")
     typ = typ.rstrip("!").strip()
     kind, args = _parametrised(typ)
-    if kind == "tensor":
+    if kind == "tensor" and top:
         shape = args[1:]
         if not args or not shape or not all(d.isdigit() for d in shape):
             raise ValueError(f"column {name.strip()!r}: {typ!r} is not tensor<dtype,d0,d1,...> "
@@ -77,6 +79,18 @@ def parse_field(text: str) -> pa.Field:
         return tensor_field(name.strip(), tuple(int(d) for d in shape), args[0],
                             nullable=nullable)
     return pa.field(name.strip(), parse_type(typ), nullable)
+
+
+def _zone(name: str) -> bool:
+    """Whether ``name`` is a time zone: an IANA name (``UTC``, ``Europe/Paris``) or an
+    offset (``+01:00``)."""
+    if re.fullmatch(r"[+-]\d\d:\d\d", name):
+        return True
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+        return False
+    return True
 
 
 def parse_schema(text: str) -> pa.Schema:

@@ -127,6 +127,35 @@ def test_keep_last_deletes_the_checkpoints_it_no_longer_keeps(where, request, tm
     assert fresh.start_step == 6
 
 
+def test_keep_last_never_deletes_the_root_a_kept_checkpoint_or_past_a_failure(
+        tmp_path, monkeypatch, caplog) -> None:
+    """Markers are data: one naming the root itself, or a folder holding a kept checkpoint,
+    is skipped; a delete that fails is logged and the save goes on (rank 0 alone prunes,
+    and the other ranks must not wait for it)."""
+    s = _stream(str(tmp_path / "stream"), None)
+    root = tmp_path / "ckpt"
+    ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=6, keep_last=1)
+    state = {"w": torch.arange(4.0)}
+    steps = iter(ds)
+    next(steps)
+    save_checkpoint(state, "outer", ds, root=str(root))  # will hold the kept one below
+    next(steps)
+    dcp.save(state, checkpoint_id=str(root))  # the root itself, named by a marker below
+    s.mark_checkpoint("train", 2, str(root))
+    next(steps)
+    save_checkpoint(state, "outer/inner", ds, root=str(root))
+    assert (root / ".metadata").exists() and (root / "outer" / ".metadata").exists()
+    next(steps)
+
+    def fail(uri: str, fs: Any) -> None:
+        raise OSError("permission denied")
+
+    monkeypatch.setattr(checkpoint_module, "_delete_checkpoint", fail)
+    assert save_checkpoint(state, "c4", ds, root=str(root)) is not None
+    assert "could not delete older checkpoints" in caplog.text
+    assert (root / "outer" / "inner" / ".metadata").exists()
+
+
 def test_two_gloo_ranks_checkpoint_to_s3_are_killed_and_resume_with_one(
         s3_options, tmp_path) -> None:
     from tests.s3server import BUCKET

@@ -53,6 +53,7 @@ def test_schema_grammar() -> None:
         ("c", pa.string())])
     with pytest.raises(ValueError, match="not name:type"):
         parse_schema("a")
+    assert parse_schema("a:timestamp<ms,+01:00>").field("a").type.tz == "+01:00"
     nested = parse_schema("at:timestamp<us,UTC>!,t:timestamp<ns>,d:date,p:decimal<10,2>,"
                           "meta:struct<source:string,scores:list<float32>,at:timestamp<ms>>,"
                           "image:tensor<uint8,224,224,3>!")
@@ -67,6 +68,9 @@ def test_schema_grammar() -> None:
                       ("a:tensor<complex,2>", "tensor dtype 'complex'"),
                       ("a:list<tensor<uint8,2>>", "a tensor is a top-level column"),
                       ("a:timestamp<hours>", "unknown column type 'timestamp<hours>'"),
+                      ("a:timestamp<us,>", "unknown column type 'timestamp<us,>'"),
+                      ("a:timestamp<us,Not/AZone>", "unknown column type"),
+                      ("a:struct<t:tensor<uint8,2>>", "a tensor is a top-level column"),
                       ("a:struct<b:int64", "unbalanced"),
                       ("a:struct<>", "column '' is not name:type")):
         with pytest.raises(ValueError, match=re.escape(said)):

@@ -18,7 +18,9 @@ import pytest
 
 import lakestream
 from lakestream.ops.cli import main
+from lakestream.producers import Producer, importing
 from lakestream.producers.importing import import_dataset
+from lakestream.producers.sources import open_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("id", pa.int64()), ("text", pa.string())])
@@ -146,3 +148,25 @@ def test_bad_input_changes_nothing(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["import", uri, str(other), "--map", "text"])
     assert "is not COLUMN=FIELD" in capsys.readouterr().err
+
+
+def test_an_import_fencing_a_running_one_resumes_after_what_that_one_committed(
+        tmp_path, monkeypatch) -> None:
+    """The state is read before the producer opens; an older instance still running may
+    commit more before the fence: the import resumes after that, not before it."""
+    data = _parquet(tmp_path / "data", 3_000, 3)
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=100)
+    fingerprint = open_dataset(str(data)).fingerprint
+    real = importing.Producer
+
+    def fenced_late(*args: object, **kwargs: object) -> Producer:
+        with real(uri, "import") as older:  # commits the first file, then is fenced
+            older.write(pq.read_table(data / "part-000.parquet", columns=["id", "text"]),
+                        state={"import": fingerprint, "file": 1, "row": 0, "rows": 1_000})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(importing, "Producer", fenced_late)
+    result = import_dataset(uri, str(data))
+    assert (result.resumed_from, result.rows) == (1_000, 2_000)
+    assert _column(uri, "id") == list(range(3_000))
