@@ -40,17 +40,21 @@ def _stream(options: dict[str, str]) -> tuple[str, int]:
     return uri, sum(f.size for f in s.state.all_fragments())
 
 
-def _rank(uri: str, options: dict[str, str], rank: int, root: str | None, limit: int,
-          out: Any) -> None:
-    os.environ["LOCAL_WORLD_SIZE"] = str(RANKS)
-    cache = None if root is None else DiskCache(root, limit)
+def _read(uri: str, options: dict[str, str], rank: int, cache: DiskCache | None
+          ) -> list[tuple[list[int], int]]:
     ds = StreamDataset(uri, group=None, rank=rank, world_size=RANKS, epochs=2,
                        storage_options=options, timeout=60, disk_cache=cache)
-    got = [(b["id"].tolist(), int(b["image"].float().sum())) for b in ds]
-    out.put((rank, got, 0 if cache is None else cache.fetched_bytes))
+    return [(b["id"].tolist(), int(b["image"].float().sum())) for b in ds]
 
 
-def _run(uri: str, options: dict[str, str], root: str | None, limit: int = 0
+def _rank(uri: str, options: dict[str, str], rank: int, root: str, limit: int,
+          out: Any) -> None:
+    os.environ["LOCAL_WORLD_SIZE"] = str(RANKS)
+    cache = DiskCache(root, limit)
+    out.put((rank, _read(uri, options, rank, cache), cache.fetched_bytes))
+
+
+def _run(uri: str, options: dict[str, str], root: str, limit: int
          ) -> tuple[dict[int, Any], int, int]:
     """Each rank's batches, the fragment bytes the host fetched from the store, and the
     most the cache's entries held on disk at any look (every 5 ms)."""
@@ -61,7 +65,7 @@ def _run(uri: str, options: dict[str, str], root: str | None, limit: int = 0
     most, done = [0], threading.Event()
 
     def watch() -> None:
-        while not done.is_set() and root is not None:
+        while not done.is_set():
             sizes = {}  # by inode: a file renamed while the folder is walked is seen twice
             for p in Path(root).rglob("*"):
                 if p.is_file() and not p.name.startswith(".") and ".locks" not in p.parts:
@@ -93,7 +97,7 @@ def _run(uri: str, options: dict[str, str], root: str | None, limit: int = 0
 def test_ranks_of_a_host_fetch_each_fragment_once_over_two_epochs(
         tmp_path: Path, s3_options: dict[str, str]) -> None:
     uri, stream_bytes = _stream(s3_options)
-    plain, _, _ = _run(uri, s3_options, None)
+    plain = {r: _read(uri, s3_options, r, None) for r in range(RANKS)}  # in this process
     assert all(len(plain[r]) == 2 * STEPS for r in range(RANKS))
     cached, fetched, _ = _run(uri, s3_options, str(tmp_path / "big"), 1 << 30)
     assert cached == plain

@@ -202,25 +202,25 @@ def _counted_open(uri: str, monkeypatch: pytest.MonkeyPatch) -> tuple[lakestream
 def test_a_long_log_compacts_to_what_is_retained(tmp_path, monkeypatch) -> None:
     uri = str(tmp_path / "s")
     s = lakestream.create(uri, SCHEMA, global_batch_size=B)
-    for e in range(1, 6_000):
+    for e in range(1, 3_000):
         s.commit(lambda _s, cid, e=e: Fence("p", e, cid))
     for k in range(20):
         s.append(rows(2 * k, 2))
     s.mark_checkpoint("train", 8)
     s.mark_checkpoint("train", 9)
     s.retain(keep_last=1)
-    assert s.version >= 6_000
+    assert s.version >= 3_000
     opened, before = _counted_open(uri, monkeypatch)
     assert opened.version == s.version
     report = s.gc(grace_seconds=0)
-    assert report.log_entries > 5_000 and report.data_files == 18
+    assert report.log_entries > 2_500 and report.data_files == 18
     opened, after = _counted_open(uri, monkeypatch)
     # gc leaves opening as cheap: the same requests, but for the reads past the head that
     # a parallel round of the tail read has started when it finds the head (timing decides)
     assert opened.version == s.version and after["head"] == before["head"]
     assert abs(after["get"] - before["get"]) < TAIL_WIDTH, (before, after)
     # Compacted entries are tombstones until their TTL: then the next gc deletes them.
-    assert sum(1 for _ in s.store.list("_delta_log/")) > 5_000
+    assert sum(1 for _ in s.store.list("_delta_log/")) > 2_500
     monkeypatch.setattr(lakestream.log.compaction, "TOMBSTONE_TTL_S", 0.0)
     assert s.gc(grace_seconds=0).tombstones == report.log_entries
     objects = sum(1 for _ in s.store.list(""))
