@@ -12,8 +12,7 @@ from lakestream.loaders.locations import CheckpointLocationError
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.reader import StepReader
 from lakestream.loaders.resume import StreamMismatchError
-from lakestream.read.steps import Source
-from lakestream.store.diskcache import DiskCache
+from lakestream.reading import DiskCache, Source
 
 
 def __getattr__(name: str) -> Any:

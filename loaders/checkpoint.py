@@ -20,13 +20,11 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from lakestream.errors import IncompleteCheckpointError
-from lakestream.failpoints import failpoint
 from lakestream.loaders.dataset import StreamDataset
 from lakestream.loaders.locations import CheckpointLocationError, Location, check_location
 from lakestream.loaders.resume import STATE_KEYS, StreamMismatchError
 from lakestream.loaders.safe_load import SafeLoadPlanner, read_metadata
-from lakestream.log.replay import Marker
-from lakestream.store import open_filesystem
+from lakestream.reading import Marker, failpoint, open_filesystem
 
 log = logging.getLogger("lakestream")
 

@@ -30,9 +30,14 @@ import pyarrow.compute as pc
 import torch
 
 from lakestream.errors import CorruptLogError
-from lakestream.read.tensors import Direct, binary_chunks, copy_values
-from lakestream.schema.tensors import TensorSpec, tensor_spec
-from lakestream.store.pool import buffer_pool
+from lakestream.reading import (
+    Direct,
+    TensorSpec,
+    binary_chunks,
+    buffer_pool,
+    copy_values,
+    tensor_spec,
+)
 
 Collate = Callable[[pa.Table], Any]
 

@@ -42,14 +42,23 @@ from lakestream.loaders.resume import (
     worker_next,
 )
 from lakestream.loaders.watchdog import watch_parent
-from lakestream.log.entries import check_group
-from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
-from lakestream.read.steps import Source, Steps, check_columns, mix_steps, stream_steps
-from lakestream.read.tensors import direct_columns
-from lakestream.schema.tensors import tensor_spec
-from lakestream.store import is_remote
-from lakestream.store.diskcache import DiskCache
-from lakestream.store.slots import cpu_slots
+from lakestream.reading import (
+    COUNTS_KEY,
+    Accept,
+    DiskCache,
+    ReadPolicy,
+    SelectedSteps,
+    Source,
+    Steps,
+    check_columns,
+    check_group,
+    cpu_slots,
+    direct_columns,
+    is_remote,
+    mix_steps,
+    stream_steps,
+    tensor_spec,
+)
 from lakestream.stream import Stream
 
 log = logging.getLogger("lakestream")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lakestream.errors import LakestreamError
-from lakestream.log.replay import Marker
+from lakestream.reading import Marker
 
 
 class CheckpointLocationError(LakestreamError, ValueError):

@@ -11,9 +11,14 @@ import uuid
 from collections.abc import Callable
 
 from lakestream.errors import LakestreamError
-from lakestream.log.progress import Progress, publish_progress, read_progress
-from lakestream.read.steps import Steps, stream_steps
-from lakestream.store.base import ObjectStore
+from lakestream.reading import (
+    ObjectStore,
+    Progress,
+    Steps,
+    publish_progress,
+    read_progress,
+    stream_steps,
+)
 
 log = logging.getLogger("lakestream")
 

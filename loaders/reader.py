@@ -14,8 +14,7 @@ import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
 from lakestream.loaders.collate import ColumnArrays
-from lakestream.read.steps import MixSteps, Steps
-from lakestream.store.slots import cpu_slots
+from lakestream.reading import MixSteps, Steps, cpu_slots
 from lakestream.stream import Stream
 
 LATENCY_WINDOW = 4096

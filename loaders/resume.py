@@ -12,9 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lakestream.errors import LakestreamError
-from lakestream.plan.mix import resume_position
-from lakestream.read.selected import Accept
-from lakestream.read.steps import Source
+from lakestream.reading import Accept, Source, resume_position
 
 STATE_VERSION = 4
 """2 added the worker fields, 3 the mix (sources, cursors, shuffle, epochs), 4 the streams'

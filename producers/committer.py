@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lakestream.errors import ProducerFencedError
-from lakestream.log import Append, Entry, FragmentRef
-from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.producers.policy import IntervalController
+from lakestream.writing import Append, Entry, FragmentRef, ReplayState, refuse_if_sealed
 
 if TYPE_CHECKING:
     from lakestream.producers.producer import Producer

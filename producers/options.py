@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lakestream.log.entries import MAX_FRAGMENTS_PER_ENTRY
-from lakestream.log.transaction import CommitOptions
+from lakestream.writing import MAX_FRAGMENTS_PER_ENTRY, CommitOptions
 
 CommitPolicy = Literal["adaptive", "per-fragment"]
 

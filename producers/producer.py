@@ -14,30 +14,31 @@ import pyarrow as pa
 from zlib_ng import zlib_ng
 
 from lakestream.errors import LakestreamError, TooLargeError
-from lakestream.failpoints import failpoint
-from lakestream.log.entries import (
-    Entry,
-    Fence,
-    check_group,
-    check_producer_id,
-    check_state,
-    fragment_key,
-)
-from lakestream.log.fragments import (
-    check_rows,
-    encode_fragment,
-    put_fragment,
-    row_group_target,
-)
-from lakestream.log.progress import Progress, read_progress
-from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.options import ProducerOptions
 from lakestream.producers.stats import ProducerStats
-from lakestream.schema.conform import conform, oversized_sample
-from lakestream.store.base import ObjectStore
-from lakestream.store.local import LocalStore
 from lakestream.stream import Stream
+from lakestream.writing import (
+    Entry,
+    Fence,
+    LocalStore,
+    ObjectStore,
+    Progress,
+    ReplayState,
+    check_group,
+    check_producer_id,
+    check_rows,
+    check_state,
+    conform,
+    encode_fragment,
+    failpoint,
+    fragment_key,
+    oversized_sample,
+    put_fragment,
+    read_progress,
+    refuse_if_sealed,
+    row_group_target,
+)
 
 log = logging.getLogger("lakestream")
 

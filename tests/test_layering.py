@@ -16,9 +16,16 @@ plan (pure planners) -> read (the read side) -> the ``Stream`` façade -> ops (t
 tools) -> the package's face. A module imports its own wing and lower ones, never a higher
 one. ``lakestream.producers`` and ``lakestream.loaders`` stand above the façade."""
 
-PLACED = {"failpoints": "errors", "schema": "store"}
+PLACED = {"failpoints": "errors", "schema": "store", "writing": "stream", "reading": "stream"}
 """What is not a folder of its own, and the wing it belongs to: the crash points beside the
-errors, the schema beside the store."""
+errors, the schema beside the store, the SDKs' APIs beside the façade."""
+
+SDK_ALLOWED = {"producers": ("lakestream", "lakestream.errors", "lakestream.stream",
+                             "lakestream.writing", "lakestream.producers"),
+               "loaders": ("lakestream", "lakestream.errors", "lakestream.stream",
+                           "lakestream.reading", "lakestream.loaders")}
+"""What each SDK may import of the package (a module named, or one under it): the face,
+the errors, the ``Stream`` façade, the API the core offers it, and its own modules."""
 
 LAYERS = {
     "log": (("log.entries", "log.threads", "log.overlay"),
@@ -50,14 +57,62 @@ ALLOWED_UPWARD = {("ops.cli", "demo"), ("ops.cli", "producers.importing")}
 """The CLI's demo verb starts the application built on every layer, and its import verb runs
 a producer (both imported lazily)."""
 
-def _imports(path: Path) -> set[str]:
+PACKAGES = {"producers": ROOT / "producers", "loaders": ROOT / "loaders", "demo": ROOT / "demo"}
+"""The packages under ``lakestream.`` that live in folders of their own."""
+
+
+def _is_module(name: str) -> bool:
+    """Whether ``lakestream.x.y`` is a module or package of this repository."""
+    parts = name.split(".")[1:]
+    base = PACKAGES.get(parts[0]) if parts else None
+    path = base.joinpath(*parts[1:]) if base else (ROOT / "lakestream").joinpath(*parts)
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _imported(source: str) -> set[str]:
+    """The modules ``source`` imports: ``from lakestream.log import gc`` imports the module
+    ``lakestream.log.gc`` (not only the package), where that module exists."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names
+                      if node.module.startswith("lakestream")
+                      and _is_module(f"{node.module}.{a.name}")}
     return found
+
+
+def _imports(path: Path) -> set[str]:
+    return _imported(path.read_text())
+
+
+def _core_violations(me: str, names: set[str]) -> list[str]:
+    """What a core module ``me`` importing ``names`` breaks: an SDK imported, a higher
+    wing, or a module of its own wing's layer or above."""
+    out = []
+    for name in sorted(n for n in names if n.startswith("lakestream.")):
+        other = name.removeprefix("lakestream.")
+        if (me, _wing(other)) in ALLOWED_UPWARD or (me, other) in ALLOWED_UPWARD:
+            continue
+        if _wing(other) in ("producers", "loaders"):
+            out.append(f"imports the SDK module {name}")
+            continue
+        mine, theirs = WINGS.index(_wing(me)), WINGS.index(_wing(other))
+        if theirs > mine:
+            out.append(f"({_wing(me)}) imports {name} ({_wing(other)})")
+        elif theirs == mine and _wing(me) in LAYERS and me != other and not (
+                _layer(other) is not None and _layer(other) < _layer(me)):
+            out.append(f"({me}) imports {name} ({other}), of the same layer or above")
+    return out
+
+
+def _sdk_violations(sdk: str, names: set[str]) -> list[str]:
+    """The imports of ``lakestream`` modules outside ``SDK_ALLOWED[sdk]``."""
+    allowed = SDK_ALLOWED[sdk]
+    return [n for n in sorted(names) if n.startswith("lakestream") and not any(
+        n == a or n.startswith(a + ".") and a != "lakestream" for a in allowed)]
 
 
 def _module(path: Path) -> str:
@@ -88,25 +143,32 @@ def test_every_core_module_has_a_wing_and_a_layer() -> None:
 
 def test_core_imports_point_down() -> None:
     for path in (ROOT / "lakestream").rglob("*.py"):
-        me = _module(path)
-        for name in _imports(path):
-            if not name.startswith("lakestream."):
-                continue
-            other = name.removeprefix("lakestream.")
-            if (me, _wing(other)) in ALLOWED_UPWARD or (me, other) in ALLOWED_UPWARD:
-                continue
-            assert _wing(other) not in ("producers", "loaders"), f"{path} imports {name}"
-            mine, theirs = WINGS.index(_wing(me)), WINGS.index(_wing(other))
-            assert theirs <= mine, f"{path} ({_wing(me)}) imports {name} ({_wing(other)})"
-            if theirs == mine and _wing(me) in LAYERS and me != other:
-                assert _layer(other) is not None and _layer(other) < _layer(me), \
-                    f"{path} ({me}) imports {name} ({other}), of the same layer or above"
+        assert _core_violations(_module(path), _imports(path)) == [], path
 
 
-def test_producers_and_loaders_stand_on_the_facade_not_on_the_tools() -> None:
-    for folder in ("producers", "loaders"):
-        for path in (ROOT / folder).rglob("*.py"):
-            assert not any(n.startswith("lakestream.ops") for n in _imports(path)), path
+def test_the_sdks_import_only_what_the_core_offers_them() -> None:
+    for sdk in SDK_ALLOWED:
+        for path in PACKAGES[sdk].rglob("*.py"):
+            assert _sdk_violations(sdk, _imports(path)) == [], path
+
+
+def test_the_checks_catch_what_they_are_for() -> None:
+    """Each check on a synthetic import it must refuse, written as code writes it."""
+    upward = _imported("from lakestream.log import gc\n")
+    assert "lakestream.log.gc" in upward
+    assert _core_violations("log.entries", upward)  # gc is a higher layer of the log
+    assert _core_violations("store.base", _imported("from lakestream import stream\n"))
+    assert _core_violations("read.steps", _imported("import lakestream.ops.cli\n"))
+    assert _core_violations("ops.cli", _imported("from lakestream.loaders import reader\n"))
+    assert _core_violations("log.gc", _imported("from lakestream.log import entries\n")) == []
+    assert _sdk_violations("producers", _imported(
+        "from lakestream.log.fragments import encode_fragment\n"))
+    assert _sdk_violations("loaders", _imported("from lakestream.store import slots\n"))
+    assert _sdk_violations("loaders", _imported("from lakestream.writing import conform\n"))
+    assert _sdk_violations("producers", _imported("import lakestream.loaders\n"))
+    assert _sdk_violations("loaders", _imported(
+        "from lakestream.reading import Source\nimport lakestream\n"
+        "from lakestream.loaders.reader import StepReader\n")) == []
 
 
 def test_the_log_reader_is_read_from_its_own_module() -> None:
