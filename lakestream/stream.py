@@ -287,7 +287,7 @@ class Stream:
     def undelivered_samples(self) -> int:
         """Samples committed past the last whole step (as of this handle's last refresh):
         delivered once a step fills, never once the stream is sealed."""
-        return self.num_samples - self.num_steps * self.global_batch_size
+        return self.num_samples - self.state.stream_meta.offset(self.num_steps)
 
     def remove_group(self, group: str) -> int:
         """Removes ``group``: its markers and registration stop holding data (the next

@@ -92,7 +92,7 @@ def checkpoint(uri: str, group: str, step: int, checkpoint_id: str | None) -> Bu
     state whose reclaimed offset is past the step's data (``StepNotAvailableError``)."""
 
     def build(state: ReplayState, commit_id: str) -> Entry:
-        if step * state.stream_meta.global_batch_size < state.reclaimed_below:
+        if state.stream_meta.offset(step) < state.reclaimed_below:
             raise StepNotAvailableError(
                 f"checkpoint step {step} of group {group!r} is below the retention point "
                 f"of {uri} (offset {state.reclaimed_below} at version "
@@ -112,7 +112,7 @@ def registration(uri: str, group: str, step: int) -> Build:
         held = state.registered.get(group)
         if group in state.markers or held is not None and held <= step:
             return None
-        if step * state.stream_meta.global_batch_size < state.reclaimed_below:
+        if state.stream_meta.offset(step) < state.reclaimed_below:
             raise StepNotAvailableError(
                 f"group {group!r} cannot register at step {step} of {uri}: its data "
                 f"is reclaimed (below offset {state.reclaimed_below}); register a later "

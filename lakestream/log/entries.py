@@ -201,6 +201,21 @@ class StreamMeta:
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"snapshot_interval must be a positive int, got {k!r}")
 
+    def offset(self, step: int) -> int:
+        """The first offset of ``step``. With ``step_of`` and ``first_whole_step``, the one
+        home of the stream's step arithmetic: every reader, retention, status and the
+        command line go through these."""
+        return step * self.global_batch_size
+
+    def step_of(self, offset: int) -> int:
+        """The step holding ``offset``."""
+        return offset // self.global_batch_size
+
+    def first_whole_step(self, offset: int) -> int:
+        """The first step that starts at or after ``offset``: the first one whole when
+        everything below ``offset`` is gone."""
+        return -(-offset // self.global_batch_size)
+
     def configuration(self) -> dict[str, str]:
         return {
             "lakestream.globalBatchSize": str(self.global_batch_size),

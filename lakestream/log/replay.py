@@ -105,13 +105,13 @@ class ReplayState:
 
     @property
     def num_steps(self) -> int:
-        return self.next_offset // self.stream_meta.global_batch_size
+        return self.stream_meta.step_of(self.next_offset)
 
     @property
     def first_retained_step(self) -> int:
         """The first step retention left whole: reclaims remove whole fragments, which may
         end inside a step, and that step can no longer be read."""
-        return -(-self.reclaimed_below // self.stream_meta.global_batch_size)
+        return self.stream_meta.first_whole_step(self.reclaimed_below)
 
     @property
     def groups(self) -> list[str]:
@@ -141,7 +141,7 @@ class ReplayState:
         holds = self.holds(keep_last)
         # Never past the stream's end: a reclaim there is corrupt (``_reclaim``).
         step = min(min(holds.values()), self.num_steps) if holds else 0
-        below = max(step * self.stream_meta.global_batch_size, self.reclaimed_below) \
+        below = max(self.stream_meta.offset(step), self.reclaimed_below) \
             if step else self.reclaimed_below
         return step, below
 

@@ -87,10 +87,9 @@ def _lag_seconds(stream: Stream, step: int) -> float | None:
     """Seconds since ``step`` (the first step not read) became visible: the age of the
     commit that completed it; 0 when it is not visible yet; None if that entry is gone."""
     s = stream.state
-    b = stream.global_batch_size
     if step >= s.num_steps:
         return 0.0
-    last = (step + 1) * b - 1
+    last = s.stream_meta.offset(step + 1) - 1
     if last < s.reclaimed_below:
         return None
     try:

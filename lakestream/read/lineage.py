@@ -97,16 +97,16 @@ def step_lineage(state: ReplayState, step: int, read: ReadColumns, *, uri: str) 
     """
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
-    b = state.stream_meta.global_batch_size
-    lo, hi = step * b, (step + 1) * b
+    meta = state.stream_meta
+    lo, hi = meta.offset(step), meta.offset(step + 1)
     if hi > state.next_offset:
         raise StepNotAvailableError(
             f"step {step} of {uri} is not committed yet: {state.num_steps} steps are "
             f"committed (version {state.version}); ask for a step below {state.num_steps}")
     if lo < state.reclaimed_below:
-        return StepLineage(uri, step, b, state.version, True, (), ())
+        return StepLineage(uri, step, meta.global_batch_size, state.version, True, (), ())
     markers = tuple(m for g in sorted(state.markers) for m in state.markers[g]
-                    if m.step * b >= state.reclaimed_below and m.step <= step)
+                    if meta.offset(m.step) >= state.reclaimed_below and m.step <= step)
     columns = [c for c in POLICY_COLUMNS if c in state.stream_meta.schema.names]
     values = read([(lo, hi)], columns).to_pydict() if columns else {}
     samples = []
@@ -116,7 +116,8 @@ def step_lineage(state: ReplayState, step: int, read: ReadColumns, *, uri: str) 
             policy = {c: values[c][offset - lo] for c in columns}
             samples.append(SampleLineage(offset, producer, epoch, seq, f.path, f.version,
                                          **policy))
-    return StepLineage(uri, step, b, state.version, False, tuple(samples), markers)
+    return StepLineage(uri, step, meta.global_batch_size, state.version, False,
+                       tuple(samples), markers)
 
 
 def fragment_writer(fragment: Fragment) -> tuple[str | None, int | None, int | None]:

@@ -66,11 +66,11 @@ def mix_steps(sources: Sequence[Source], streams: Sequence[Readable], *,
 
 
 def stream_steps(offsets: Sequence[int], streams: Sequence[Readable]) -> list[int]:
-    """Each source's offset as a step of its own stream: the step that holds it, ``offset //
-    B`` of that stream. How a mix's positions become what each stream's consumer group
-    holds and publishes (its registration, markers and progress are in its own steps)."""
-    return [offset // stream.global_batch_size
-            for offset, stream in zip(offsets, streams, strict=True)]
+    """Each source's offset as a step of its own stream: the step that holds it
+    (``StreamMeta.step_of``). How a mix's positions become what each stream's consumer
+    group holds and publishes (its registration, markers and progress are in its own
+    steps)."""
+    return [stream.meta.step_of(offset) for offset, stream in zip(offsets, streams, strict=True)]
 
 
 def check_columns(streams: Sequence[Readable], columns: list[str] | None) -> None:

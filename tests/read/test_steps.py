@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import lakestream
+from lakestream.log.entries import StreamMeta
 from lakestream.read.steps import MixSteps, Source, Steps, mix_steps, stream_steps
 from tests.helpers import SCHEMA, count_reads, rows
 
@@ -17,6 +18,10 @@ from tests.helpers import SCHEMA, count_reads, rows
 @dataclass
 class _Shape:
     global_batch_size: int
+
+    @property
+    def meta(self) -> StreamMeta:
+        return StreamMeta(SCHEMA, self.global_batch_size, 1)
 
 
 def test_an_offset_is_the_step_of_its_own_stream_that_holds_it() -> None:
