@@ -8,6 +8,7 @@ list."""
 
 from __future__ import annotations
 
+from lakestream.checks import check_int
 from lakestream.failpoints import failpoint
 from lakestream.log.entries import check_group
 from lakestream.log.progress import Progress, publish_progress, read_progress
@@ -25,6 +26,7 @@ from lakestream.store.slots import cpu_slots
 
 __all__ = ["COUNTS_KEY", "Accept", "Direct", "DiskCache", "Marker", "MixSteps", "ObjectStore",
            "Progress", "ReadPolicy", "SelectedSteps", "Source", "Steps", "TensorSpec",
-           "binary_chunks", "buffer_pool", "check_columns", "check_group", "copy_values",
-           "cpu_slots", "direct_columns", "failpoint", "is_remote", "mix_steps", "open_filesystem",
-           "publish_progress", "read_progress", "resume_position", "stream_steps", "tensor_spec"]
+           "binary_chunks", "buffer_pool", "check_columns", "check_group", "check_int",
+           "copy_values", "cpu_slots", "direct_columns", "failpoint", "is_remote", "mix_steps",
+           "open_filesystem", "publish_progress", "read_progress", "resume_position",
+           "stream_steps", "tensor_spec"]

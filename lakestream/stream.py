@@ -242,7 +242,7 @@ class Stream:
                 the visible steps.
             StepNotAvailableError: the step's data is already reclaimed (nothing committed).
         """
-        commits.check_group_step(self._view, group, step, "a checkpoint resumes at")
+        step = commits.check_group_step(self._view, group, step, "a checkpoint resumes at")
         return self._version(commits.checkpoint(self.uri, group, step, checkpoint_id))
 
     def register_group(self, group: str, step: int = 0) -> int | None:
@@ -257,7 +257,7 @@ class Stream:
                 the visible steps (a group registers where it starts reading).
             StepNotAvailableError: ``step``'s data is already reclaimed (nothing committed).
         """
-        commits.check_group_step(self._view, group, step, "a group registers at")
+        step = commits.check_group_step(self._view, group, step, "a group registers at")
         result = self.commit(commits.registration(self.uri, group, step))
         return None if result is None else result.version
 

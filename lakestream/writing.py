@@ -6,6 +6,7 @@ and may change; ``tests/test_layering.py`` holds the SDK to this list."""
 
 from __future__ import annotations
 
+from lakestream.checks import check_int
 from lakestream.failpoints import failpoint
 from lakestream.log import Append, Entry, FragmentRef
 from lakestream.log.entries import (
@@ -24,8 +25,8 @@ from lakestream.schema.conform import conform, oversized_sample
 from lakestream.store.base import ObjectStore
 from lakestream.store.local import LocalStore
 
-__all__ = ["MAX_FRAGMENTS_PER_ENTRY", "Append", "CommitOptions", "Entry", "Fence",
-           "FragmentRef", "LocalStore", "ObjectStore", "Progress", "ReplayState", "check_group",
+__all__ = ["MAX_FRAGMENTS_PER_ENTRY", "Append", "CommitOptions", "Entry", "Fence", "FragmentRef",
+           "LocalStore", "ObjectStore", "Progress", "ReplayState", "check_group", "check_int",
            "check_producer_id", "check_rows", "check_state", "conform", "encode_fragment",
            "failpoint", "fragment_key", "oversized_sample", "put_fragment", "read_progress",
            "refuse_if_sealed", "row_group_target"]

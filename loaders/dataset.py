@@ -52,6 +52,7 @@ from lakestream.reading import (
     Steps,
     check_columns,
     check_group,
+    check_int,
     cpu_slots,
     direct_columns,
     is_remote,
@@ -191,9 +192,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             raise TypeError(f"disk_cache must be a lakestream DiskCache(folder, limit), got "
                             f"{disk_cache!r}")
         self.disk_cache = disk_cache
-        if batch_size is not None and (not isinstance(batch_size, int)
-                                       or isinstance(batch_size, bool) or batch_size < 1):
-            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        batch_size = check_int("batch_size", batch_size, least=1, optional=True)
         if isinstance(uri, str):
             # A batch size chosen at read time is a one-source mix taking that many samples
             # a step: same order, same resume, same markers in the stream's own steps.
@@ -233,18 +232,15 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """This job's identity in its group's progress (``JobProgress``)."""
         self.storage_options = storage_options
         self.rank, self.world_size = resolve_rank(rank, world_size, distributed=_distributed())
-        if not isinstance(start_step, int) or start_step < 0:
-            raise ValueError(f"start_step must be a non-negative int, got {start_step!r}")
+        start_step = check_int("start_step", start_step)
         self.start_step = start_step
         self.max_steps = max_steps
         self.columns, self.timeout = columns, timeout
         if not callable(collate) and collate not in ("padded", "packed"):
             raise ValueError(f"collate must be 'padded', 'packed' or a callable, got {collate!r}")
         self.collate = collate
-        if read_threads is not None and (not isinstance(read_threads, int) or read_threads < 1):
-            raise ValueError(f"read_threads must be a positive int or None, got {read_threads!r}")
-        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 0):
-            raise ValueError(f"prefetch must be a non-negative int or None, got {prefetch!r}")
+        read_threads = check_int("read_threads", read_threads, least=1, optional=True)
+        prefetch = check_int("prefetch", prefetch, optional=True)
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be a callable on a batch, got {transform!r}")
         self.prefetch, self.read_threads = prefetch, read_threads
@@ -252,8 +248,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         self.pin_memory, self.device = pin_memory, device
         check_delivery(pin_memory, device)
         self.progress_interval_s = progress_interval_s
-        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
-            raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
+        keep_last = check_int("keep_last", keep_last, least=1, optional=True)
         self.keep_last = keep_last
         self.policy_version: int | None = None
         """Set by the trainer; published with progress so producers can stamp samples."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lakestream.writing import MAX_FRAGMENTS_PER_ENTRY, CommitOptions
+from lakestream.writing import MAX_FRAGMENTS_PER_ENTRY, CommitOptions, check_int
 
 CommitPolicy = Literal["adaptive", "per-fragment"]
 
@@ -49,9 +49,8 @@ class ProducerOptions:
                              f"got {self.commit_policy!r}")
         for name in ("upload_threads", "max_inflight_fragments", "max_inflight_bytes",
                      "max_fragment_bytes", "max_sample_bytes", "max_fragments_per_commit"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), least=1,
+                                                     optional=True))
         if self.max_fragments_per_commit > MAX_FRAGMENTS_PER_ENTRY:
             raise ValueError(f"max_fragments_per_commit must be at most "
                              f"{MAX_FRAGMENTS_PER_ENTRY:,} (readers void a larger entry), got "

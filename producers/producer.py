@@ -26,6 +26,7 @@ from lakestream.writing import (
     Progress,
     ReplayState,
     check_group,
+    check_int,
     check_producer_id,
     check_rows,
     check_state,
@@ -86,11 +87,7 @@ class Producer:
         """
         self.producer_id = check_producer_id(producer_id)
         self.options = options or ProducerOptions()
-        if max_lag_steps is not None and (not isinstance(max_lag_steps, int)
-                                          or isinstance(max_lag_steps, bool)
-                                          or max_lag_steps < 0):
-            raise ValueError(f"max_lag_steps must be a non-negative int or None, "
-                             f"got {max_lag_steps!r}")
+        max_lag_steps = check_int("max_lag_steps", max_lag_steps, optional=True)
         self.progress_group = check_group(progress_group)
         self.max_lag_steps = max_lag_steps
         self.stats = ProducerStats()

@@ -16,9 +16,10 @@ plan (pure planners) -> read (the read side) -> the ``Stream`` façade -> ops (t
 tools) -> the package's face. A module imports its own wing and lower ones, never a higher
 one. ``lakestream.producers`` and ``lakestream.loaders`` stand above the façade."""
 
-PLACED = {"failpoints": "errors", "schema": "store", "writing": "stream", "reading": "stream"}
-"""What is not a folder of its own, and the wing it belongs to: the crash points beside the
-errors, the schema beside the store, the SDKs' APIs beside the façade."""
+PLACED = {"failpoints": "errors", "checks": "errors", "schema": "store", "writing": "stream",
+          "reading": "stream"}
+"""What is not a folder of its own, and the wing it belongs to: the crash points and the
+integer check beside the errors, the schema beside the store, the SDKs' APIs beside the façade."""
 
 SDK_ALLOWED = {"producers": ("lakestream", "lakestream.errors", "lakestream.stream",
                              "lakestream.writing", "lakestream.producers"),

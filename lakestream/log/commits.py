@@ -13,6 +13,7 @@ from typing import Any
 
 from zlib_ng import zlib_ng
 
+from lakestream.checks import check_int
 from lakestream.errors import LakestreamError, StepNotAvailableError
 from lakestream.log.entries import (
     ANONYMOUS,
@@ -70,21 +71,22 @@ def append_table(view: LogView, data: Any, options: CommitOptions | None = None)
     return result.version
 
 
-def check_group_step(view: LogView, group: str, step: int, what: str) -> None:
-    """A valid group name and a step already visible (refreshing once to see it).
+def check_group_step(view: LogView, group: str, step: int, what: str) -> int:
+    """``step``, an int, if ``group`` is a valid name and the step already visible
+    (refreshing once to see it).
 
     Raises:
         ValueError: naming what is wrong; ``what`` says where such a step must lie.
     """
     check_group(group)
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    step = check_int("step", step)
     if step > view.state.num_steps:
         view.refresh()
     steps = view.state.num_steps
     if step > steps:
         raise ValueError(f"step {step} of group {group!r} is past the {steps} steps visible "
                          f"in {view.uri}: {what} a step already readable")
+    return step
 
 
 def checkpoint(uri: str, group: str, step: int, checkpoint_id: str | None) -> Build:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from lakestream.checks import check_int
 from lakestream.errors import CorruptLogError
 from lakestream.schema.delta import decode_schema, delta_schema_string, encode_schema
 from lakestream.store.base import check_key
@@ -197,9 +198,8 @@ class StreamMeta:
                              f"{MAX_GLOBAL_BATCH_SIZE:,} (samples a step), got {b!r}")
         if not isinstance(g, int) or isinstance(g, bool) or g < 1 or b % g:
             raise ValueError(f"group_size must be a positive int dividing {b}, got {g!r}")
-        k = self.snapshot_interval
-        if not isinstance(k, int) or k < 1:
-            raise ValueError(f"snapshot_interval must be a positive int, got {k!r}")
+        object.__setattr__(self, "snapshot_interval",
+                           check_int("snapshot_interval", self.snapshot_interval, least=1))
 
     def offset(self, step: int) -> int:
         """The first offset of ``step``. With ``step_of`` and ``first_whole_step``, the one

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from lakestream.checks import check_int
 from lakestream.errors import CorruptLogError, LogCompactedError, StreamSealedError
 from lakestream.log.entries import (
     Append,
@@ -125,8 +126,7 @@ class ReplayState:
         Raises:
             ValueError: ``keep_last`` is not a positive int.
         """
-        if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
-            raise ValueError(f"keep_last must be a positive int, got {keep_last!r}")
+        keep_last = check_int("keep_last", keep_last, least=1)
         holds = {g: min(m.step for m in ms[-keep_last:]) for g, ms in self.markers.items()
                  if ms}
         for g, step in self.registered.items():

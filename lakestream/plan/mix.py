@@ -33,6 +33,7 @@ from functools import cached_property
 
 import numpy as np
 
+from lakestream.checks import check_int
 from lakestream.plan.slices import check_world, rank_slice
 
 KEPT_PER_SOURCE = 4
@@ -103,13 +104,9 @@ class MixPlan:
                                  "(Stream.seal() it first)")
             if s.start < 0:
                 raise ValueError(f"source {i}: start must be >= 0, got {s.start}")
-        if shuffle_window is not None and (not isinstance(shuffle_window, int)
-                                           or shuffle_window < 1):
-            raise ValueError(f"shuffle_window must be a positive int or None, got "
-                             f"{shuffle_window!r}")
+        shuffle_window = check_int("shuffle_window", shuffle_window, least=1, optional=True)
+        epochs = check_int("epochs", epochs, least=1, optional=True)
         if epochs is not None:
-            if not isinstance(epochs, int) or epochs < 1:
-                raise ValueError(f"epochs must be a positive int or None, got {epochs!r}")
             linear = [i for i, s in enumerate(sources) if not s.cycle]
             if not linear:
                 raise ValueError("epochs needs a source that does not cycle: its size sets "

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lakestream.checks import check_int
+
 
 def check_world_size(world_size: object) -> int:
     """Returns W if it can be a world size: a positive int (a numpy one too; not a bool).
@@ -20,10 +22,7 @@ def check_world_size(world_size: object) -> int:
     Raises:
         ValueError: it cannot.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int | np.integer) \
-            or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    return int(world_size)
+    return check_int("world_size", world_size, least=1)
 
 
 def share(n: int, world_size: int, what: str) -> int:

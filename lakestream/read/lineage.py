@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from lakestream.checks import check_int
 from lakestream.errors import StepNotAvailableError
 from lakestream.log.entries import key_writer
 from lakestream.log.replay import Marker, ReplayState
@@ -95,8 +96,7 @@ def step_lineage(state: ReplayState, step: int, read: ReadColumns, *, uri: str) 
         ValueError: ``step`` is negative or not an int.
         StepNotAvailableError: the step is not committed in ``state``.
     """
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    step = check_int("step", step)
     meta = state.stream_meta
     lo, hi = meta.offset(step), meta.offset(step + 1)
     if hi > state.next_offset:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lakestream.checks import check_int
 from lakestream.errors import StepNotAvailableError
 from lakestream.plan.balance import balance_groups
 from lakestream.plan.choose import FRESH, Choice, choose, kept
@@ -54,12 +55,11 @@ class ReadPolicy:
     balance: str | None = None
 
     def __post_init__(self) -> None:
-        k = self.max_staleness
-        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
-            raise ValueError(f"max_staleness must be a non-negative int or None, got {k!r}")
+        object.__setattr__(self, "max_staleness",
+                           check_int("max_staleness", self.max_staleness, optional=True))
         if self.on_stale not in ("drop", "mask"):
             raise ValueError(f"on_stale must be 'drop' or 'mask', got {self.on_stale!r}")
-        if self.on_stale == "mask" and k is None:
+        if self.on_stale == "mask" and self.max_staleness is None:
             raise ValueError("on_stale='mask' marks the samples older than max_staleness: "
                              "give max_staleness too")
         if self.accept is not None and not callable(self.accept):

@@ -188,16 +188,17 @@ class _SlowStore:
 def test_poll_catches_up_as_fast_as_refresh(tmp_path) -> None:
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
     stale = [lakestream.stream.Stream(s.uri, _SlowStore(s.store, 0.005), s.state)
-             for _ in range(2)]
+             for _ in range(6)]
     for k in range(300):
         s.append(rows(4 * k, 4))
-    t0 = time.monotonic()
-    assert stale[0].refresh() == 300
-    t_refresh = time.monotonic() - t0
-    t0 = time.monotonic()
-    assert stale[1].poll() == 300
-    t_poll = time.monotonic() - t0
-    assert t_poll < 1.5 * t_refresh + 0.05, (t_poll, t_refresh)
+    took: dict[str, list[float]] = {"refresh": [], "poll": []}
+    for i, handle in enumerate(stale):  # interleaved, each on a handle 300 versions behind
+        how = "refresh" if i % 2 == 0 else "poll"
+        t0 = time.monotonic()
+        assert getattr(handle, how)() == 300
+        took[how].append(time.monotonic() - t0)
+    # The fastest of three each: one slow moment of a busy machine decides nothing.
+    assert min(took["poll"]) < 1.5 * min(took["refresh"]) + 0.05, took
 
 
 def test_gc_with_a_short_grace_keeps_what_a_live_producer_has_yet_to_commit(tmp_path) -> None:
