@@ -18,6 +18,10 @@ The loaders, all yielding the same ``[B, 224, 224, 3]`` uint8 ``image`` and ``[B
   lakestream-batch    (``--loaders`` only) ``lakestream`` over a copy of the stream whose
                       own steps are 4 batches, read with ``batch_size=`` a batch: the cost
                       of a batch size chosen at read time;
+  lakestream-s3       (``--loaders`` only) ``lakestream`` over a copy of the stream on a
+                      SeaweedFS server on 127.0.0.1, read through the tests' fault proxy,
+                      which holds every GET ``--s3-get-delay-ms`` before forwarding it (a
+                      store as far away as S3 is);
   lakestream-nvjpeg   (``--jpeg`` on CUDA only) ``StreamDataset`` in the trainer process
                       handing over the JPEG bytes pinned, decoded on the GPU by nvJPEG
                       (``torchvision.io.decode_jpeg(device="cuda")``) inside ``next()``.
@@ -96,7 +100,8 @@ warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 RESULTS = Path(__file__).parent / "results"
 LOADERS = ("synthetic", "lakestream", "lakestream-loader", "colocated-samples",
-           "colocated-batches", "mosaic-streaming", "lakestream-nvjpeg", "lakestream-batch")
+           "colocated-batches", "mosaic-streaming", "lakestream-nvjpeg", "lakestream-batch",
+           "lakestream-s3")
 READ_TIME_FACTOR = 4
 """``lakestream-batch`` reads a stream whose own steps are this many batches."""
 VOCAB = 50257
@@ -148,19 +153,19 @@ def stream_schema(config: dict[str, Any]) -> pa.Schema:
     return pa.schema([image, pa.field("label", pa.int64())])
 
 
-def write_stream(uri: str, config: dict[str, Any], pool: Any,
-                 steps_of: int = 1) -> dict[str, Any]:
+def write_stream(uri: str, config: dict[str, Any], pool: Any, steps_of: int = 1,
+                 options: dict[str, str] | None = None) -> dict[str, Any]:
     """The stream, one fragment per batch, its own steps ``steps_of`` batches, through a
     Producer; its CPU per GB."""
-    lakestream.create(uri, stream_schema(config),
-                      global_batch_size=config["batch"] * steps_of, group_size=1)
+    lakestream.create(uri, stream_schema(config), global_batch_size=config["batch"] * steps_of,
+                      group_size=1, storage_options=options)
     batches = [batch_rows(config, pool, k) for k in range(config["batches"])]
     wall, cpu = time.perf_counter(), time.process_time()
-    with Producer(uri, "bench-producer") as producer:
+    with Producer(uri, "bench-producer", storage_options=options) as producer:
         for rows in batches:
             producer.write(rows)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    stream = lakestream.open(uri)
+    stream = lakestream.open(uri, storage_options=options)
     stored = sum(f.size for f in stream.state.all_fragments())
     raw = config["batches"] * config["batch"] * sample_bytes(config)
     return {"cpu_s": cpu, "wall_s": wall, "cores": cpu / wall, "stored_bytes": stored,
@@ -269,7 +274,8 @@ class ParquetBatches(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 
 def stream_dataset(config: dict[str, Any], *, in_process: bool,
-                   gpu_decode: bool = False, read_time: bool = False) -> StreamDataset:
+                   gpu_decode: bool = False, read_time: bool = False,
+                   s3: bool = False) -> StreamDataset:
     """Lakestream's dataset at its defaults (no consumer group; its read threads and
     prefetch sized from the host), decoding JPEGs with ``transform=`` (unless the GPU
     decodes them: ``gpu_decode``); in the trainer
@@ -287,6 +293,8 @@ def stream_dataset(config: dict[str, Any], *, in_process: bool,
             kw["pin_memory"] = True
     if read_time:
         return StreamDataset(config["uri_batch"], batch_size=config["batch"], **kw)
+    if s3:
+        return StreamDataset(config["uri_s3"], storage_options=config["s3_options"], **kw)
     return StreamDataset(config["uri"], **kw)
 
 
@@ -301,6 +309,9 @@ def make_loader(config: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]
     if name == "lakestream":
         ds = stream_dataset(config, in_process=True)
         return ds, {"in_process": True, "pin_memory": ds.pin_memory, "device": ds.device}
+    if name == "lakestream-s3":
+        ds = stream_dataset(config, in_process=True, s3=True)
+        return ds, {"in_process": True, "get_delay_ms": config["s3_get_delay_ms"]}
     if name == "lakestream-batch":
         ds = stream_dataset(config, in_process=True, read_time=True)
         return ds, {"in_process": True, "batch_size": ds.batch_size,
@@ -616,6 +627,23 @@ def machine() -> dict[str, Any]:
     return out
 
 
+def _slow_s3(config: dict[str, Any], pool: Any, delay_ms: float) -> list[Any]:
+    """A copy of the stream on SeaweedFS on 127.0.0.1, written directly, read through the
+    tests' fault proxy holding every GET ``delay_ms``; returns what to stop after the run
+    (the proxy, then the server)."""
+    from tests.faultproxy import FaultProxy
+    from tests.s3server import start_s3
+
+    server = start_s3("bench")
+    proxy = FaultProxy(server.url, lambda r: "slow" if r.method == "GET" else None,
+                       slow_s=delay_ms / 1e3)
+    config["uri_s3"] = f"s3://bench/gpu-{os.getpid()}"
+    write_stream(config["uri_s3"], config, pool, options=server.options())
+    config["s3_options"] = proxy.options(server.options())
+    config["s3_get_delay_ms"] = delay_ms
+    return [proxy, server]
+
+
 def data_dir(config: dict[str, Any]) -> str | None:
     """/dev/shm where it is writable and has room for the four copies of the data (and
     the loaders' shared memory), else the temp dir."""
@@ -640,7 +668,8 @@ def peers_available(mode: str) -> tuple[bool, str | None]:
 
 def public(config: dict[str, Any]) -> dict[str, Any]:
     """The run's settings as reported (without its paths)."""
-    return {k: v for k, v in config.items() if k not in ("uri", "files", "mds")}
+    return {k: v for k, v in config.items()
+            if k not in ("uri", "files", "mds", "uri_s3", "s3_options", "uri_batch")}
 
 
 PEERS = ("colocated-samples", "colocated-batches", "mosaic-streaming")
@@ -752,6 +781,8 @@ def main() -> None:
                    help="MosaicML Streaming: if it imports / required / never")
     p.add_argument("--loaders", help="a comma-separated subset (default: each that applies)")
     p.add_argument("--root", help="where the data goes (default /dev/shm, else the temp dir)")
+    p.add_argument("--s3-get-delay-ms", type=float, default=50.0,
+                   help="lakestream-s3: how long the proxy holds each GET (default 50)")
     p.add_argument("--measure", nargs=2, metavar=("CONFIG", "LOADER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
@@ -766,7 +797,8 @@ def main() -> None:
         return
     nvjpeg = args.jpeg and not args.stand_in
     names = [n.strip() for n in args.loaders.split(",") if n.strip()] if args.loaders else \
-        [n for n in LOADERS if (nvjpeg or n != "lakestream-nvjpeg") and n != "lakestream-batch"]
+        [n for n in LOADERS if (nvjpeg or n != "lakestream-nvjpeg")
+         and n not in ("lakestream-batch", "lakestream-s3")]
     if "synthetic" not in names or any(n not in LOADERS for n in names):
         p.error(f"--loaders must name synthetic and only these: {', '.join(LOADERS)}")
     if "lakestream-nvjpeg" in names and (args.stand_in or not args.jpeg):
@@ -792,18 +824,22 @@ def main() -> None:
         or args.model == "vit_small_patch16_224" else f"_{args.model}") + (
         f"_t{args.read_threads}" if args.read_threads else "") + {
         "raw": "", "jpeg": "_jpeg", "tokens": "_lm"}[kind] + (
-        "_batch" if "lakestream-batch" in names else "")
+        "_batch" if "lakestream-batch" in names else "") + (
+        "_s3" if "lakestream-s3" in names else "")
     partial = RESULTS / f"{stem}.partial.json"
     root = tempfile.mkdtemp(prefix="lakestream-gpu-", dir=args.root or data_dir(config))
     result: dict[str, Any] = {"command": " ".join(["bench/gpu.py", *sys.argv[1:]]),
                               "machine": machine(), "config": config, "notes": notes}
     print(json.dumps(result["machine"]), flush=True)
+    servers: list[Any] = []
     try:
         pool = make_pool(config)
         config["uri"] = f"{root}/stream"
         result["producer"] = write_stream(config["uri"], config, pool)
         print(f"producer: {result['producer']['cpu_s_per_raw_gb']:.2f} CPU-s per GB of raw "
               f"samples ({result['producer']['cores']:.2f} cores)", flush=True)
+        if "lakestream-s3" in names:
+            servers = _slow_s3(config, pool, args.s3_get_delay_ms)
         if "lakestream-batch" in names:
             config["uri_batch"] = f"{root}/stream-batch"
             config["batches"] -= config["batches"] % READ_TIME_FACTOR  # whole own steps
@@ -834,6 +870,8 @@ def main() -> None:
                     r["dispatch_of_synthetic"] = r["ops_per_ms"] / base["ops_per_ms"]
             runs += [mine[n] for n in names]
     finally:
+        for server in servers:
+            server.stop()
         shutil.rmtree(root, ignore_errors=True)
     result["config"] = public(config)
     result["runs"] = runs

@@ -855,7 +855,10 @@ def main() -> None:
                                         ("JPEG q90 images decoded by PIL", "gpu_standin_jpeg"),
                                         ("Raw 224x224x3 uint8 images, a stream whose own "
                                          "steps are 256 read with batch_size=64",
-                                         "gpu_standin_batch"))
+                                         "gpu_standin_batch"),
+                                        ("Raw 224x224x3 uint8 images, the stream also on "
+                                         "SeaweedFS behind a proxy holding every GET 50 ms",
+                                         "gpu_standin_s3"))
            if isinstance(r := _load(name), dict)]
     if gpu:
         out += _gpu_section(gpu)
