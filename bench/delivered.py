@@ -2,8 +2,14 @@
 batch by a ``StreamDataset`` tailing the stream on the same host.
 
 Usage: .venv/bin/python bench/delivered.py [--producers 4] [--rate 100] [--duration 6]
-       [--reps 3]
-Writes bench/results/delivered.json.
+       [--reps 3] [--request-ms 5]
+Writes bench/results/delivered.json (delivered-<ms>ms.json with ``--request-ms``).
+
+``--request-ms m`` holds every request each process makes to the store (a put, a get, a
+ranged get, a head, a listing, a delete) m ms before it is made: a store that far away,
+on the same cores. With ``--s3`` the stream is on SeaweedFS on 127.0.0.1 instead, and the
+tests' fault proxy holds each request those m ms (the readers and producers then run as on
+any object store: ``is_remote``).
 
 N producer processes each write a group of 4 samples (64 tokens each) every 1/rate seconds
 on a fixed schedule, each sample carrying the time its ``write()`` was called. One process
@@ -39,14 +45,34 @@ def _schema() -> Any:
                       ("written", pa.float64())])
 
 
-def _producer(uri: str, k: int, start_at: float, duration: float, rate: float,
-              out: Any) -> None:
+STORE_CALLS = ("put", "get", "get_range", "get_buffer", "head", "list", "delete")
+"""The local store's requests that ``--request-ms`` delays."""
+
+
+def _delay_requests(ms: float) -> None:
+    """Makes this process's local store wait ``ms`` before each request."""
+    if not ms:
+        return
+    from lakestream.store.local import LocalStore
+
+    def slowed(call: Any) -> Any:
+        def slow(self: Any, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(ms / 1e3)
+            return call(self, *args, **kwargs)
+        return slow
+
+    for name in STORE_CALLS:
+        setattr(LocalStore, name, slowed(getattr(LocalStore, name)))
+
+
+def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
+              duration: float, rate: float, out: Any) -> None:
     import numpy as np
 
     from lakestream.producers import Producer
 
     tokens = [list(range(TOKENS))] * G
-    with Producer(uri, f"p{k}") as p:
+    with Producer(uri, f"p{k}", storage_options=options) as p:
         time.sleep(max(0.0, start_at - time.time()))
         for n in range(int(duration * rate)):
             time.sleep(max(0.0, start_at + n / rate - time.time()))
@@ -56,11 +82,12 @@ def _producer(uri: str, k: int, start_at: float, duration: float, rate: float,
         out.put({"k": k, "commits": p.stats.commits, "conflicts": p.stats.conflicts})
 
 
-def _reader(uri: str, expected: int, until: float, out: Any) -> None:
+def _reader(uri: str, options: dict[str, str] | None, expected: int, until: float,
+            out: Any) -> None:
     from lakestream.loaders import StreamDataset
 
     ds = StreamDataset(uri, group=None, timeout=max(1.0, until - time.time()),
-                       max_steps=expected // B)
+                       max_steps=expected // B, storage_options=options)
     lat: list[float] = []
     by: dict[int, list[float]] = {}
     for batch in ds:
@@ -74,21 +101,41 @@ def _reader(uri: str, expected: int, until: float, out: Any) -> None:
              "versions": stream.version})
 
 
+def _s3(request_ms: float) -> tuple[Any, Any]:
+    """SeaweedFS on 127.0.0.1, and the fault proxy before it holding every request."""
+    from tests.faultproxy import FaultProxy
+    from tests.s3server import start_s3
+
+    server = start_s3("bench")
+    return server, FaultProxy(server.url, lambda r: "slow" if request_ms else None,
+                              slow_s=request_ms / 1e3)
+
+
 def _pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def run(producers: int, rate: float, duration: float, root: str) -> dict[str, Any]:
+def run(producers: int, rate: float, duration: float, root: str, request_ms: float = 0.0,
+        s3: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """One run; on ``s3`` (a server and the proxy in front of it) if given."""
     import lakestream
 
-    uri = tempfile.mkdtemp(dir=root) + "/s"
-    lakestream.create(uri, _schema(), global_batch_size=B, group_size=G)
+    options = None
+    if s3 is None:
+        uri = tempfile.mkdtemp(dir=root) + "/s"
+    else:
+        uri, options = f"s3://bench/delivered-{time.time_ns()}", s3[1].options(s3[0].options())
+        request_ms = 0.0  # the proxy holds the requests
+    lakestream.create(uri, _schema(), global_batch_size=B, group_size=G,
+                      storage_options=options)
     start = time.time() + 4.0  # the processes start and open the stream first
     expected = producers * int(duration * rate) * G
-    args: list[tuple[Any, ...]] = [(uri, k, start, duration, rate) for k in range(producers)]
-    results = run_workers(_dispatch, [("p", *a) for a in args]
-                          + [("r", uri, expected, start + duration + 60)], timeout=600)
+    args: list[tuple[Any, ...]] = [(uri, options, k, start, duration, rate)
+                                   for k in range(producers)]
+    results = run_workers(_dispatch, [("p", request_ms, *a) for a in args]
+                          + [("r", request_ms, uri, options, expected, start + duration + 60)],
+                          timeout=600)
     reader = next(r for r in results if r.get("reader"))
     commits = sorted(r["commits"] for r in results if "k" in r)
     per = {k: 1e3 * _pct(v, 0.99) for k, v in reader["by"].items()}
@@ -101,7 +148,8 @@ def run(producers: int, rate: float, duration: float, root: str) -> dict[str, An
             "fragments_per_step": reader["fragments"] / max(1, len(reader["lat"]) // B)}
 
 
-def _dispatch(kind: str, *args: Any) -> None:
+def _dispatch(kind: str, request_ms: float, *args: Any) -> None:
+    _delay_requests(request_ms)
     (_producer if kind == "p" else _reader)(*args)
 
 
@@ -111,16 +159,28 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", default=str(RESULTS / "delivered.json"))
+    ap.add_argument("--request-ms", type=float, default=0.0,
+                    help="hold every store request this long (default: 0)")
+    ap.add_argument("--s3", action="store_true",
+                    help="the stream on SeaweedFS, --request-ms held by a proxy")
+    ap.add_argument("--out", help="default: bench/results/delivered[-s3][-<ms>ms].json")
     args = ap.parse_args()
+    args.out = args.out or str(RESULTS / ("delivered" + ("-s3" if args.s3 else "") + (
+        f"-{args.request_ms:g}ms" if args.request_ms else "") + ".json"))
     root = "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
     reps = []
-    for rep in range(args.reps):
-        r = run(args.producers, args.rate, args.duration, root)
-        reps.append(r)
-        print(rep, {k: v for k, v in r.items() if k != "p99_ms_by_producer"}, flush=True)
+    s3 = _s3(args.request_ms) if args.s3 else None
+    try:
+        for rep in range(args.reps):
+            r = run(args.producers, args.rate, args.duration, root, args.request_ms, s3)
+            reps.append(r)
+            print(rep, {k: v for k, v in r.items() if k != "p99_ms_by_producer"}, flush=True)
+    finally:
+        for part in reversed(s3 or ()):
+            part.stop()
     p99 = [r["p99_ms"] for r in reps]
-    summary = {"reps": reps, "p50_ms": median([r["p50_ms"] for r in reps]),
+    summary = {"request_ms": args.request_ms, "s3": args.s3, "reps": reps,
+               "p50_ms": median([r["p50_ms"] for r in reps]),
                "p99_ms": median(p99), "p99_ms_min": min(p99), "p99_ms_max": max(p99)}
     RESULTS.mkdir(exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=1))
