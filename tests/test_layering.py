@@ -44,6 +44,7 @@ LAYERS = {
     "read": (("read", "read.cache", "read.pages"),
              ("read.tensors",),
              ("read.fragments", "read.lineage"),
+             ("read.ahead",),
              ("read.spans",),
              ("read.offsets",),
              ("read.steps", "read.selected")),

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from lakestream.log.segments import Fragment
 from lakestream.plan.rows import plan_rows
+from lakestream.read.ahead import fetch_ahead, whole_file
 from lakestream.read.cache import FragmentCache
 from lakestream.read.fragments import FragmentReader, LastStep, fetched_whole
 from lakestream.read.tensors import ColumnSink, copy_rows, copy_values
@@ -46,6 +47,11 @@ def read_spans(reader: FragmentReader, fragments: Sequence[Fragment],
     for i, start, stop in ranges:
         first, last = reach.get(i, (start, stop))
         reach[i] = (min(first, start), max(last, stop))
+    if cache is not None and len(reach) > 1:
+        fetch_ahead(reader, cache, [fragments[i] for i, (start, stop) in reach.items()
+                                    if fetched_whole(fragments[i].size, fragments[i].crc32,
+                                                     stop - start, fragments[i].rows)],
+                    last_step)
     tables: dict[int, tuple[pa.Table, int]] = {}  # rows from a first row on, and that row
     if decoded is None or decoded:
         for i, (start, stop) in reach.items():
@@ -78,7 +84,7 @@ def _fill(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
     lo, hi = min(p[0] for p in pieces), max(p[1] for p in pieces)
     wanted = sum(stop - start for start, stop, _ in pieces)
     whole = fetched_whole(f.size, f.crc32, wanted, f.rows)
-    data = _whole_file(reader, cache, f, last_step) if whole else None
+    data = whole_file(reader, cache, f, last_step) if whole else None
     footer = reader.footer(f.path, f.size, data, f.rows, f.crc32)
     for name, direct in sink.columns.items():
         array = sink.arrays[name]
@@ -97,17 +103,6 @@ def _fill(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
             for start, stop, at in batch:
                 copy_values(column.slice(start - first, stop - start), direct,
                             array[at:at + stop - start], name)
-
-
-def _whole_file(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
-                last_step: LastStep | None) -> pa.Buffer:
-    """The file of ``f``, fetched whole and checked; through ``cache``, fetched once while it
-    keeps it: until the last step that may read any of its rows."""
-    if cache is None:
-        return reader.fetch(f.path, f.size, f.crc32)
-    until = None if last_step is None else last_step(f.offset, f.offset + f.rows)
-    return cache.fetch((f.path, f.size, f.crc32), lambda: reader.fetch(f.path, f.size, f.crc32),
-                       until=until)
 
 
 def _row_ranges(fragments: Sequence[Fragment], spans: Sequence[tuple[int, int]]
@@ -142,7 +137,7 @@ def _cached_rows(reader: FragmentReader, cache: FragmentCache, f: Fragment, star
         return None if last_step is None else last_step(f.offset + lo, f.offset + hi)
 
     def data() -> pa.Buffer | None:
-        return _whole_file(reader, cache, f, last_step) if whole else None
+        return whole_file(reader, cache, f, last_step) if whole else None
 
     footer = reader.cached_footer(*file)
     if footer is None or footer.starts[-1] != f.rows:

@@ -1,0 +1,93 @@
+"""Fetching ahead: where whole fetches wait on the store, a step of many fragments fetches
+them at once (about one round trip, not one per fragment); on a store that answers at once,
+one after another, in the reading thread, as before; a fetch ahead that fails fails the step
+as its own fetch would."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import lakestream
+from lakestream.errors import NotFoundError
+from lakestream.read.cache import FragmentCache
+from tests.helpers import SCHEMA, ids, rows
+
+DELAY_S = 0.03
+
+
+class _Distant:
+    """A store whose whole-file GETs take ``DELAY_S`` more (an S3 first byte), counting how
+    many are under way at once."""
+
+    def __init__(self, inner: Any, delay_s: float = DELAY_S) -> None:
+        self.inner, self.delay_s = inner, delay_s
+        self.now = self.most = 0
+        self.lock = threading.Lock()
+
+    @property
+    def uri(self) -> str:
+        return str(self.inner.uri)
+
+    def get_buffer(self, key: str, size: int) -> Any:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            time.sleep(self.delay_s)
+            return self.inner.get_buffer(key, size)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _stream(tmp_path: Any) -> lakestream.Stream:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=8)
+    for k in range(24):  # 3 steps of 8 one-sample fragments
+        s.append(rows(k, 1))
+    return s
+
+
+def _step(handle: lakestream.Stream, cache: FragmentCache, step: int) -> tuple[list[int], float]:
+    t0 = time.perf_counter()
+    table = handle.read_offsets([(8 * step, 8 * step + 8)], cache=cache)
+    return ids(table), time.perf_counter() - t0
+
+
+def test_a_step_of_many_fragments_waits_about_one_round_trip(tmp_path) -> None:
+    s = _stream(tmp_path)
+    store = _Distant(s.store)
+    handle = lakestream.stream.Stream(s.uri, store, s.state)
+    cache = FragmentCache(64 << 20)
+    got, first = _step(handle, cache, 0)  # the waits are not known yet: one by one
+    assert got == list(range(8)) and first >= 8 * DELAY_S and store.most == 1
+    got, second = _step(handle, cache, 1)
+    assert got == list(range(8, 16))
+    assert store.most >= 4 and second < 4 * DELAY_S, (store.most, second)
+
+
+def test_a_store_that_answers_at_once_is_read_one_fragment_after_another(tmp_path) -> None:
+    s = _stream(tmp_path)
+    store = _Distant(s.store, delay_s=0.0)
+    handle = lakestream.stream.Stream(s.uri, store, s.state)
+    cache = FragmentCache(64 << 20)
+    for step in range(3):
+        assert _step(handle, cache, step)[0] == list(range(8 * step, 8 * step + 8))
+    assert store.most == 1
+
+
+def test_a_fetch_ahead_that_fails_fails_the_step(tmp_path) -> None:
+    s = _stream(tmp_path)
+    handle = lakestream.stream.Stream(s.uri, _Distant(s.store), s.state)
+    cache = FragmentCache(64 << 20)
+    _step(handle, cache, 0)
+    gone = next(f for f in s.state.all_fragments() if f.offset == 12)
+    s.store.delete(gone.path)
+    with pytest.raises(NotFoundError):
+        _step(handle, cache, 1)
