@@ -158,3 +158,19 @@ def test_a_scheme_in_capitals_opens_the_bucket(s3_options: dict[str, str]) -> No
     store = open_store(_uri().replace("s3://", "S3://"), s3_options)
     assert store.uri.startswith(f"s3://{BUCKET}/")
     store.put("k", b"x")
+
+
+def test_each_spelling_of_the_endpoint_reaches_the_server(s3_options, clean_env) -> None:
+    """``AWS_ENDPOINT`` (object_store's alias) and ``endpoint`` work as ``AWS_ENDPOINT_URL``
+    does, in the options or the environment (once reported as ``Duplicate key
+    aws_endpoint``); two spellings at once are one setting, the option's winning."""
+    url = s3_options["AWS_ENDPOINT_URL"]
+    plain = {k: v for k, v in s3_options.items() if k != "AWS_ENDPOINT_URL"}
+    for spelling in ("AWS_ENDPOINT", "endpoint", "aws_endpoint_url"):
+        store = open_store(_uri(), {**plain, spelling: url})
+        store.put("k", b"x")
+        assert store.get("k") == b"x"
+    clean_env.setenv("AWS_ENDPOINT", url)
+    store = open_store(_uri(), {**plain, "AWS_ENDPOINT_URL": url})
+    store.put("k", b"y")
+    assert store.get("k") == b"y"
