@@ -7,9 +7,9 @@ Writes bench/results/delivered.json (delivered-<ms>ms.json with ``--request-ms``
 
 ``--request-ms m`` holds every request each process makes to the store (a put, a get, a
 ranged get, a head, a listing, a delete) m ms before it is made: a store that far away,
-on the same cores. With ``--s3`` the stream is on SeaweedFS on 127.0.0.1 instead, and the
-tests' fault proxy holds each request those m ms (the readers and producers then run as on
-any object store: ``is_remote``).
+on the same cores. With ``--s3`` the stream is on SeaweedFS on 127.0.0.1 instead (the
+readers and producers then run as on any object store: ``is_remote``), reached through
+the tests' fault proxy holding each request those m ms where m is given, directly if not.
 
 N producer processes each write a group of 4 samples (64 tokens each) every 1/rate seconds
 on a fixed schedule, each sample carrying the time its ``write()`` was called. One process
@@ -125,8 +125,9 @@ def run(producers: int, rate: float, duration: float, root: str, request_ms: flo
     if s3 is None:
         uri = tempfile.mkdtemp(dir=root) + "/s"
     else:
-        uri, options = f"s3://bench/delivered-{time.time_ns()}", s3[1].options(s3[0].options())
-        request_ms = 0.0  # the proxy holds the requests
+        uri = f"s3://bench/delivered-{time.time_ns()}"
+        options = s3[1].options(s3[0].options()) if request_ms else s3[0].options()
+        request_ms = 0.0  # the proxy holds the requests, if any
     lakestream.create(uri, _schema(), global_batch_size=B, group_size=G,
                       storage_options=options)
     start = time.time() + 4.0  # the processes start and open the stream first
