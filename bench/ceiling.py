@@ -1,12 +1,15 @@
 """The in-process loader's own ceiling on the CPU: a null consumer reading a stream at the
 defaults and at 1, 2, 4, 8 and 15 read threads, and how long its threads hold the GIL.
 
-Usage: .venv/bin/python bench/ceiling.py [--reps 3] [--batches 160] [--kind raw|tokens]
+Usage: .venv/bin/python bench/ceiling.py [--reps 3] [--batches 160] [--kind raw|tokens|jpeg]
 Writes bench/results/ceiling-<kind>.json and .png.
 
 ``raw``: batches of 64 raw 224x224x3 ``uint8`` images in a tensor column; ``tokens``: batches
 of 64 RL rollouts of 1-3k ``int32`` tokens, beside a colocated per-batch Parquet DataLoader at
-equal cores (its worker reads and collates a file a batch; ``bench/gpu.py``'s). The stream is
+equal cores (its worker reads and collates a file a batch; ``bench/gpu.py``'s); ``jpeg``:
+batches of 64 JPEG q90 images in a binary column, decoded by ``transform=``
+(``bench/images.py``: torchvision's decoder where it imports, else PIL, which releases the
+GIL while it decodes), figures per GB of decoded pixels. The stream is
 on tmpfs (``/dev/shm``). Each setting runs in a fresh process, repetition r of every setting
 before repetition r + 1 of any; each figure is the median repetition with its min-max.
 
@@ -53,6 +56,9 @@ if kind == "colocated":
                                          multiprocessing_context="spawn")
 else:
     kw = {} if threads == "default" else {"read_threads": int(threads)}
+    if json.loads(sys.argv[7])["kind"] == "jpeg":
+        import images
+        kw["transform"] = images.DecodeJpeg()
     loader = StreamDataset(uri, group=None, timeout=60.0, max_steps=int(sys.argv[9]), **kw)
 it = iter(loader)
 next(it)  # warm: threads started, footers cached, the pool made
@@ -150,7 +156,7 @@ def _stream(root: str, kind: str, batches: int) -> tuple[str, float, dict[str, A
     config: dict[str, Any] = {"kind": kind, "batch": 64, "batches": batches, "seq": 3072,
                               "uri": f"{root}/stream", "stand_in": True}
     pool = gpu.make_pool(config)
-    if kind == "raw":
+    if kind in ("raw", "jpeg"):
         gpu.write_stream(config["uri"], config, pool)
         return config["uri"], float(64 * 224 * 224 * 3), config
     lengths = np.random.default_rng(1).integers(1024, 3072, len(pool))
@@ -173,7 +179,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", type=int, default=160)
-    ap.add_argument("--kind", choices=("raw", "tokens"), default="raw")
+    ap.add_argument("--kind", choices=("raw", "tokens", "jpeg"), default="raw")
     ap.add_argument("--threads", nargs="+", default=["default", *map(str, THREADS)])
     args = ap.parse_args()
     if shutil.which("py-spy") is None and not (Path(sys.executable).parent / "py-spy").exists():

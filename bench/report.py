@@ -848,7 +848,9 @@ def main() -> None:
     ceiling = [(title, r) for title, name in (
         ("Raw 224x224x3 uint8 images in a tensor column", "ceiling-raw"),
         ("RL rollouts, list<int32> of 1-3k tokens, beside a colocated per-batch Parquet "
-         "DataLoader with one worker", "ceiling-tokens")) if isinstance(r := _load(name), dict)]
+         "DataLoader with one worker", "ceiling-tokens"),
+        ("JPEG q90 images decoded by PIL in `transform=`, per GB of decoded pixels",
+         "ceiling-jpeg")) if isinstance(r := _load(name), dict)]
     if ceiling:
         out += _ceiling_section(ceiling)
     gpu = [(kind, r) for kind, name in (("Raw 224x224x3 uint8 images", "gpu_standin"),
