@@ -25,6 +25,26 @@ def worker_options(n: int) -> dict[str, Any]:
     """DataLoader options for ``n`` workers started from ``WORKER_CONTEXT`` (none: in-process)."""
     return {"num_workers": n, "multiprocessing_context": WORKER_CONTEXT} if n else {}
 
+def read_ranks(uri: str, world: int, *, state: dict[str, Any] | None = None,
+               stop: int | None = None, workers: int = 0,
+               **options: Any) -> tuple[list[list[int]], dict[str, Any]]:
+    """Every rank of ``world`` reads to ``stop`` (a ``StreamDataset`` with ``options``,
+    resumed from ``state``; through ``StreamLoader`` with ``workers``): the ids of each step,
+    the ranks' slices joined in rank order, and rank 0's state afterwards."""
+    from lakestream.loaders import StreamDataset, StreamLoader
+
+    per_rank, saved = [], {}
+    for rank in range(world):
+        ds = StreamDataset(uri, rank=rank, world_size=world, max_steps=stop, **options)
+        if state is not None:
+            ds.load_state_dict(state)
+        loader = StreamLoader(ds, **worker_options(workers)) if workers else ds
+        per_rank.append([[int(x) for x in batch["id"]] for batch in loader])
+        if rank == 0:
+            saved = loader.state_dict()
+    return [sum(parts, []) for parts in zip(*per_rank, strict=True)], saved
+
+
 SCHEMA = pa.schema([
     ("id", pa.int64()),
     ("tokens", pa.list_(pa.int32())),

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import lakestream
-from lakestream.loaders import Source, StreamDataset, StreamLoader, load_checkpoint, save_checkpoint
-from tests.helpers import SCHEMA, rows, worker_options
+from lakestream.loaders import Source, StreamDataset, load_checkpoint, save_checkpoint
+from tests.helpers import SCHEMA, read_ranks, rows, worker_options
 
 ROOT = Path(__file__).resolve().parents[2]
 B, G, SAMPLES = 24, 2, 24 * 8  # the stream's own batch and group size; 8 steps of it
@@ -35,19 +35,8 @@ def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _read(uri: str, batch: int | None, world: int, state: dict[str, Any] | None = None,
           stop: int | None = None, workers: int = 0) -> tuple[list[list[int]], dict[str, Any]]:
-    """Every rank of ``world`` reads to ``stop``; the steps (ranks joined in rank order) and
-    rank 0's state afterwards."""
-    per_rank, saved = [], {}
-    for rank in range(world):
-        ds = StreamDataset(uri, group=None, rank=rank, world_size=world, max_steps=stop,
-                           batch_size=batch, timeout=10)
-        if state is not None:
-            ds.load_state_dict(state)
-        loader = StreamLoader(ds, **worker_options(workers)) if workers else ds
-        per_rank.append([[int(x) for x in b["id"]] for b in loader])
-        if rank == 0:
-            saved = loader.state_dict()
-    return [sum(parts, []) for parts in zip(*per_rank, strict=True)], saved
+    return read_ranks(uri, world, state=state, stop=stop, workers=workers, group=None,
+                      batch_size=batch, timeout=10)
 
 
 @pytest.mark.parametrize("batch", [8, 16, 40, B])

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 import lakestream
-from lakestream.loaders import StreamDataset, StreamLoader
 from tests.conftest import SOAK
-from tests.helpers import SCHEMA, rows, worker_options
+from tests.helpers import SCHEMA, read_ranks, rows
 
 B, STEPS = 24, 6
 WORLDS = [1, 2, 3, 4, 6, 8, 12]
@@ -33,18 +32,7 @@ def uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _read(uri: str, world: int, workers: int, state: dict[str, Any] | None,
           stop: int) -> tuple[list[list[int]], dict[str, Any]]:
-    """Every rank of ``world`` reads up to step ``stop``; returns the steps (ranks joined in
-    rank order) and rank 0's state afterwards."""
-    per_rank, saved = [], {}
-    for rank in range(world):
-        ds = StreamDataset(uri, rank=rank, world_size=world, max_steps=stop)
-        if state is not None:
-            ds.load_state_dict(state)
-        loader = StreamLoader(ds, **worker_options(workers)) if workers else ds
-        per_rank.append([[int(x) for x in batch["id"]] for batch in loader])
-        if rank == 0:
-            saved = loader.state_dict()
-    return [sum(parts, []) for parts in zip(*per_rank, strict=True)], saved
+    return read_ranks(uri, world, state=state, stop=stop, workers=workers)
 
 
 def _cases() -> list[tuple[int, int, int, int]]:
