@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import shutil
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any, cast
@@ -238,6 +239,7 @@ def save_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
         # they loaded): take both from the loader's state.
         hold = ds.load_loader_state(dataset.state_dict())
     version = ds.commit_checkpoint(checkpoint_id=location.uri, hold_offsets=hold)
+    _SAVED.setdefault(ds, set()).add(location.uri.rstrip("/"))
     if version is not None and ds.keep_last is not None and root is not None:
         try:
             _prune(ds, root, fs)
@@ -250,6 +252,11 @@ PRUNE_LOOKBACK = 4
 """How many of the markers just past ``keep_last`` a save looks at to delete their
 checkpoints: the one this save pushed out, and a few a crash may have left (the cost of a
 save stays bounded however many markers the group has)."""
+_SAVED: weakref.WeakKeyDictionary[StreamDataset, set[str]] = weakref.WeakKeyDictionary()
+"""The checkpoints each dataset saved in this process: the only ones its ``keep_last`` may
+delete. A marker is a log entry any producer may commit, naming any checkpoint under the
+root (one a user saved by hand, another run's): the log alone says nothing of who wrote
+what a marker names."""
 _GLOB = frozenset("*?[")
 """Characters a filesystem's ``rm`` would expand: a location holding one is never deleted."""
 
@@ -257,9 +264,10 @@ _GLOB = frozenset("*?[")
 def _prune(ds: StreamDataset, root: str, fs: Any | None) -> None:
     """Deletes the checkpoints of the group's markers that ``keep_last`` no longer keeps
     (as ``save_total_limit`` does in other trainers): retention has reclaimed, or will
-    reclaim, the data they resume at. Only a folder under ``root`` (not ``root`` itself)
-    that holds a DCP ``.metadata`` is deleted, and never one that holds, or lies in, a
-    location a kept marker of this group, or any marker of another group, names."""
+    reclaim, the data they resume at. Only a checkpoint this dataset saved in this process
+    (``_SAVED``), in a folder under ``root`` (not ``root`` itself) that holds a DCP
+    ``.metadata``, is deleted, and never one that holds, or lies in, a location a kept
+    marker of this group, or any marker of another group, names."""
     group, keep = ds.group, ds.keep_last
     if group is None or keep is None:
         return
@@ -282,7 +290,7 @@ def _prune(ds: StreamDataset, root: str, fs: Any | None) -> None:
     top = check_location(absolute, root, streams).uri.rstrip("/")
     for marker in ds.streams[0].checkpoints(group)[:-keep][-PRUNE_LOOKBACK:]:
         uri = place(marker)
-        if uri is None or uri == top or _GLOB & set(uri) or any(
+        if uri is None or uri not in _SAVED.get(ds, ()) or uri == top or _GLOB & set(uri) or any(
                 k == uri or k.startswith(uri + "/") or uri.startswith(k + "/") for k in kept):
             continue
         if (fs is not None) == uri.startswith(("s3://", "s3a://")):  # as the new one is

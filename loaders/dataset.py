@@ -154,8 +154,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
             ``max_lag_steps``), from a background thread that stops when iteration ends or
             on ``close``; 0 disables it.
         keep_last: if set, each ``commit_checkpoint`` also runs retention keeping the last
-            ``keep_last`` markers of every group, and ``save_checkpoint`` deletes the
-            checkpoints under its root of this group's older markers (off by default).
+            ``keep_last`` markers of every group, and ``save_checkpoint`` deletes the older
+            checkpoints it saved under its root in this process (off by default).
         step_key: the key under which each batch carries its step number; a stream with a
             column of that name needs another (``ValueError`` otherwise).
         shuffle_window, seed, epochs: see above (default: log order, once, no end).

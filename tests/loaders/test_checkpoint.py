@@ -129,15 +129,18 @@ def test_keep_last_deletes_the_checkpoints_it_no_longer_keeps(where, request, tm
 
 def test_keep_last_never_deletes_the_root_a_kept_checkpoint_or_past_a_failure(
         tmp_path, monkeypatch, caplog) -> None:
-    """Markers are data: one naming the root itself, or a folder holding a kept checkpoint,
-    is skipped; a delete that fails is logged and the save goes on (rank 0 alone prunes,
-    and the other ranks must not wait for it)."""
+    """Markers are data: one naming the root itself, a folder holding a kept checkpoint, or
+    a checkpoint this trainer did not save (a producer may commit a marker naming one a
+    user saved by hand) is skipped; a delete that fails is logged and the save goes on
+    (rank 0 alone prunes, and the other ranks must not wait for it)."""
     s = _stream(str(tmp_path / "stream"), None)
     root = tmp_path / "ckpt"
     ds = StreamDataset(s.uri, rank=0, world_size=1, max_steps=6, keep_last=1)
     state = {"w": torch.arange(4.0)}
     steps = iter(ds)
     next(steps)
+    dcp.save(state, checkpoint_id=str(root / "by-hand"))
+    s.mark_checkpoint("train", 1, str(root / "by-hand"))  # a forged marker, first to go
     save_checkpoint(state, "outer", ds, root=str(root))  # will hold the kept one below
     next(steps)
     dcp.save(state, checkpoint_id=str(root))  # the root itself, named by a marker below
@@ -154,6 +157,7 @@ def test_keep_last_never_deletes_the_root_a_kept_checkpoint_or_past_a_failure(
     assert save_checkpoint(state, "c4", ds, root=str(root)) is not None
     assert "could not delete older checkpoints" in caplog.text
     assert (root / "outer" / "inner" / ".metadata").exists()
+    assert (root / "by-hand" / ".metadata").exists()
 
 
 def test_two_gloo_ranks_checkpoint_to_s3_are_killed_and_resume_with_one(
