@@ -118,7 +118,7 @@ def _collect(uri: str, options: dict[str, str], stop: threading.Event,
             continue  # met a fault: the next round tries again
 
 
-@pytest.mark.parametrize("rate", [0.01, 0.05, 0.2])
+@pytest.mark.parametrize("rate", [0.01, 0.05, 0.2] if SOAK else [0.05, 0.2])
 @pytest.mark.parametrize("seed", seeds(1, 10))
 def test_faults_lose_and_duplicate_nothing(s3_endpoint: str, s3_options: dict[str, str],
                                            rate: float, seed: int,
