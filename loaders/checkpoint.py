@@ -280,18 +280,22 @@ def _prune(ds: StreamDataset, root: str, fs: Any | None) -> None:
         except CheckpointLocationError:
             return None  # not under root: not this trainer's
 
+    absolute = root if "://" in root else os.path.abspath(root)
+    top = check_location(absolute, root, streams).uri.rstrip("/")
+    saved = _SAVED.get(ds, set())
+    candidates = [uri for marker in ds.streams[0].checkpoints(group)[:-keep][-PRUNE_LOOKBACK:]
+                  if (uri := place(marker)) is not None and uri in saved and uri != top
+                  and not _GLOB & set(uri)]
+    if not candidates:  # the common case after a restart: nothing to read the markers for
+        return
     kept: set[str] = set()
     for stream in ds.streams:
         for other in stream.groups:
             markers = stream.checkpoints(other)
             kept.update(p for m in (markers[-keep:] if other == group else markers)
                         if (p := place(m)) is not None)
-    absolute = root if "://" in root else os.path.abspath(root)
-    top = check_location(absolute, root, streams).uri.rstrip("/")
-    for marker in ds.streams[0].checkpoints(group)[:-keep][-PRUNE_LOOKBACK:]:
-        uri = place(marker)
-        if uri is None or uri not in _SAVED.get(ds, ()) or uri == top or _GLOB & set(uri) or any(
-                k == uri or k.startswith(uri + "/") or uri.startswith(k + "/") for k in kept):
+    for uri in candidates:
+        if any(k == uri or k.startswith(uri + "/") or uri.startswith(k + "/") for k in kept):
             continue
         if (fs is not None) == uri.startswith(("s3://", "s3a://")):  # as the new one is
             _delete_checkpoint(uri, fs)
