@@ -308,22 +308,24 @@ def make_loader(config: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]
         return Synthetic(config), {"in_process": True}
     if name == "lakestream":
         ds = stream_dataset(config, in_process=True)
-        return ds, {"in_process": True, "pin_memory": ds.pin_memory, "device": ds.device}
+        return ds, {"in_process": True, "pin_memory": ds.options.pin_memory,
+                    "device": ds.options.device}
     if name == "lakestream-s3":
         ds = stream_dataset(config, in_process=True, s3=True)
         return ds, {"in_process": True, "get_delay_ms": config["s3_get_delay_ms"]}
     if name == "lakestream-batch":
         ds = stream_dataset(config, in_process=True, read_time=True)
-        return ds, {"in_process": True, "batch_size": ds.batch_size,
+        return ds, {"in_process": True, "batch_size": ds.options.batch_size,
                     "stream_batch": config["batch"] * READ_TIME_FACTOR}
     if name == "lakestream-nvjpeg":
         ds = stream_dataset(config, in_process=True, gpu_decode=True)
-        return NvJpeg(ds), {"in_process": True, "pin_memory": ds.pin_memory,
+        return NvJpeg(ds), {"in_process": True, "pin_memory": ds.options.pin_memory,
                             "decoder": "torchvision.io.decode_jpeg(device='cuda')"}
     if name == "lakestream-loader":
         ds = stream_dataset(config, in_process=False)
         return StreamLoader(ds, **workers), {
-            **workers, "read_threads_per_worker": ds.read_threads or default_read_threads(w)}
+            **workers,
+            "read_threads_per_worker": ds.options.read_threads or default_read_threads(w)}
     if name == "colocated-samples":
         return torch.utils.data.DataLoader(ParquetSamples(config), batch_size=config["batch"],
                                            **workers), workers

@@ -9,6 +9,7 @@ from lakestream.loaders.collate import collate_table
 from lakestream.loaders.dataset import StreamDataset
 from lakestream.loaders.loader import StreamLoader
 from lakestream.loaders.locations import CheckpointLocationError
+from lakestream.loaders.options import ReadOptions
 from lakestream.loaders.planning import resolve_rank, worker_steps
 from lakestream.loaders.reader import StepReader
 from lakestream.loaders.resume import StreamMismatchError
@@ -26,6 +27,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CheckpointLocationError", "DiskCache", "Source", "StepReader", "StreamDataset",
-           "StreamLoader", "StreamMismatchError", "collate_table", "load_checkpoint",
-           "resolve_rank", "save_checkpoint", "worker_steps"]
+__all__ = ["CheckpointLocationError", "DiskCache", "ReadOptions", "Source", "StepReader",
+           "StreamDataset", "StreamLoader", "StreamMismatchError", "collate_table",
+           "load_checkpoint", "resolve_rank", "save_checkpoint", "worker_steps"]

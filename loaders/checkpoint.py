@@ -118,7 +118,7 @@ def _storage(location: Location, dataset: StreamDataset,
     if not location.remote:
         return None
     if storage_options is None and dataset.uri.startswith(("s3://", "s3a://")):
-        storage_options = dataset.storage_options
+        storage_options = dataset.options.storage_options
     return open_filesystem(location.uri, storage_options)
 
 
@@ -240,7 +240,7 @@ def save_checkpoint(state: dict[str, Any], checkpoint_id: str, dataset: Any,
         hold = ds.load_loader_state(dataset.state_dict())
     version = ds.commit_checkpoint(checkpoint_id=location.uri, hold_offsets=hold)
     _SAVED.setdefault(ds, set()).add(location.uri.rstrip("/"))
-    if version is not None and ds.keep_last is not None and root is not None:
+    if version is not None and ds.options.keep_last is not None and root is not None:
         try:
             _prune(ds, root, fs)
         except Exception as e:  # rank 0 alone prunes: it must not leave the others waiting
@@ -268,7 +268,7 @@ def _prune(ds: StreamDataset, root: str, fs: Any | None) -> None:
     (``_SAVED``), in a folder under ``root`` (not ``root`` itself) that holds a DCP
     ``.metadata``, is deleted, and never one that holds, or lies in, a location a kept
     marker of this group, or any marker of another group, names."""
-    group, keep = ds.group, ds.keep_last
+    group, keep = ds.group, ds.options.keep_last
     if group is None or keep is None:
         return
     streams = [source.uri for source in ds.sources]

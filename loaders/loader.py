@@ -42,7 +42,7 @@ class StreamLoader:
             self.dataset.stop = None
         try:
             for batch in batches:
-                step = batch.get(self.dataset.step_key) if isinstance(batch, dict) else None
+                step = batch.get(self.dataset.options.step_key) if isinstance(batch, dict) else None
                 if step is not None:
                     self.dataset.record_step(int(step))
                 yield batch

@@ -319,7 +319,7 @@ def test_a_dataset_dropped_without_close_stops_its_publisher(tmp_path) -> None:
     s = _stream(str(tmp_path / "s"), 2)
     ds = StreamDataset(s.uri, rank=0, world_size=1, progress_interval_s=0.01)
     ds.record_step(0)  # as a loader over workers does: no iteration here to close it
-    publisher = ds._publisher
+    publisher = ds.membership._publisher
     assert publisher is not None and publisher.running
     del ds
     gc.collect()

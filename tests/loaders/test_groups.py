@@ -92,8 +92,9 @@ def test_two_jobs_publishing_into_one_group_are_reported(tmp_path, caplog) -> No
     s = _stream(str(tmp_path / "s"), 4)
     trainer = StreamDataset(s.uri, group="train")
     careless = StreamDataset(s.uri, group="train")  # an eval job that kept the default
-    assert careless.job == trainer.job  # one process is one job: its datasets agree
-    careless.job = "another-job"  # as another process (or torchrun run) would be
+    # one process is one job: its datasets agree
+    assert careless.membership.job == trainer.membership.job
+    careless.membership.job = "another-job"  # as another process (or torchrun run) would be
     trainer.start_step = 3
     careless.start_step = 1
     with caplog.at_level(logging.WARNING, logger="lakestream"):
@@ -104,8 +105,9 @@ def test_two_jobs_publishing_into_one_group_are_reported(tmp_path, caplog) -> No
         careless.publish_progress()  # and the other job finds the trainer's again
     assert careless.progress_conflicts == 1 and trainer.progress_conflicts == 1
     warnings = [r.getMessage() for r in caplog.records if "two jobs in one group" in r.message]
-    assert len(warnings) == 2 and trainer.job in warnings[0] and careless.job in warnings[0]
-    assert read_progress(s.store, "train").job == careless.job  # type: ignore[union-attr]
+    assert len(warnings) == 2
+    assert trainer.membership.job in warnings[0] and careless.membership.job in warnings[0]
+    assert read_progress(s.store, "train").job == careless.membership.job  # type: ignore[union-attr]
 
 
 def test_a_resumed_job_is_not_taken_for_a_second_one(tmp_path, caplog) -> None:
@@ -114,7 +116,7 @@ def test_a_resumed_job_is_not_taken_for_a_second_one(tmp_path, caplog) -> None:
     publishes again (alive after all)."""
     s = _stream(str(tmp_path / "s"), 4)
     crashed = StreamDataset(s.uri, group="train")
-    crashed.job = "the-crashed-run"
+    crashed.membership.job = "the-crashed-run"
     crashed.start_step = 3
     crashed.publish_progress()
     resumed = StreamDataset(s.uri, group="train")  # at once: the progress is 0 s old
