@@ -8,8 +8,9 @@ Writes bench/results/ceiling-<kind>.json and .png.
 of 64 RL rollouts of 1-3k ``int32`` tokens, beside a colocated per-batch Parquet DataLoader at
 equal cores (its worker reads and collates a file a batch; ``bench/gpu.py``'s); ``jpeg``:
 batches of 64 JPEG q90 images in a binary column, decoded by ``transform=``
-(``bench/images.py``: torchvision's decoder where it imports, else PIL, which releases the
-GIL while it decodes), figures per GB of decoded pixels. The stream is
+(``bench/images.py``; ``--decoders`` names which: ``pil`` and ``cv2``, OpenCV's
+libjpeg-turbo decode, by default, each at every thread count), figures per GB of decoded
+pixels. The stream is
 on tmpfs (``/dev/shm``). Each setting runs in a fresh process, repetition r of every setting
 before repetition r + 1 of any; each figure is the median repetition with its min-max.
 
@@ -58,7 +59,7 @@ else:
     kw = {} if threads == "default" else {"read_threads": int(threads)}
     if json.loads(sys.argv[7])["kind"] == "jpeg":
         import images
-        kw["transform"] = images.DecodeJpeg()
+        kw["transform"] = images.DecodeJpeg(decoder=sys.argv[10])
     loader = StreamDataset(uri, group=None, timeout=60.0, max_steps=int(sys.argv[9]), **kw)
 it = iter(loader)
 next(it)  # warm: threads started, footers cached, the pool made
@@ -99,10 +100,10 @@ def _gil_seconds(path: str, seconds: float) -> dict[str, float]:
 
 
 def _run(kind: str, uri: str, threads: str, gil: str | None, bytes_per_batch: float,
-         config: dict[str, Any]) -> dict[str, Any]:
+         config: dict[str, Any], decoder: str = "-") -> dict[str, Any]:
     args = [sys.executable, "-c", CHILD, kind, uri, threads, gil or "-",
             str(Path(__file__).resolve().parent), str(bytes_per_batch), json.dumps(config),
-            str(SAMPLE_HZ), str(config["batches"])]
+            str(SAMPLE_HZ), str(config["batches"]), decoder]
     # Run from bench/: ``-c`` puts the working directory first on sys.path, and from the
     # repository's root that finds the source folder lakestream/ (without its loaders)
     # before an installed copy.
@@ -181,6 +182,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=160)
     ap.add_argument("--kind", choices=("raw", "tokens", "jpeg"), default="raw")
     ap.add_argument("--threads", nargs="+", default=["default", *map(str, THREADS)])
+    ap.add_argument("--decoders", nargs="+", default=["pil", "cv2"],
+                    help="for --kind jpeg: the decoders of bench/images.py to compare")
     args = ap.parse_args()
     if shutil.which("py-spy") is None and not (Path(sys.executable).parent / "py-spy").exists():
         sys.exit("py-spy is needed for the GIL figures: pip install py-spy")
@@ -188,19 +191,21 @@ def main() -> None:
     root = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
         uri, per_batch, config = _stream(root, args.kind, args.batches)
-        settings = [("lakestream", t) for t in args.threads]
+        decoders = args.decoders if args.kind == "jpeg" else ["-"]
+        settings = [("lakestream", t, d) for d in decoders for t in args.threads]
         if args.kind == "tokens":
-            settings.append(("colocated", "1 worker"))
-        runs: dict[str, list[dict[str, Any]]] = {f"{k} {t}": [] for k, t in settings}
+            settings.append(("colocated", "1 worker", "-"))
+        runs: dict[str, list[dict[str, Any]]] = {_name(*s): [] for s in settings}
         for rep in range(args.reps):
-            for k, t in settings:
-                runs[f"{k} {t}"].append(_run(k, uri, t, None, per_batch, config))
-                print(rep, k, t, runs[f"{k} {t}"][-1], flush=True)
+            for k, t, d in settings:
+                runs[_name(k, t, d)].append(_run(k, uri, t, None, per_batch, config, d))
+                print(rep, _name(k, t, d), runs[_name(k, t, d)][-1], flush=True)
         gil = {}
-        for k, t in settings:
+        for k, t, d in settings:
             if k == "lakestream":
-                gil[f"{k} {t}"] = _run(k, uri, t, f"{root}/gil-{t}.txt", per_batch, config)
-                print("gil", k, t, gil[f"{k} {t}"], flush=True)
+                gil[_name(k, t, d)] = _run(k, uri, t, f"{root}/gil-{t}-{d}.txt", per_batch,
+                                           config, d)
+                print("gil", _name(k, t, d), gil[_name(k, t, d)], flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = _summary(runs, gil, args)
@@ -214,13 +219,20 @@ def main() -> None:
         print(json.dumps({k: v for k, v in row.items() if k != "reps"}))
 
 
+def _name(kind: str, threads: str, decoder: str) -> str:
+    """A setting's name: ``lakestream 4``, or ``lakestream 4 cv2`` where a decoder is named."""
+    return f"{kind} {threads}" + (f" {decoder}" if decoder != "-" else "")
+
+
 def _summary(runs: dict[str, list[dict[str, Any]]], gil: dict[str, dict[str, Any]],
              args: argparse.Namespace) -> list[dict[str, Any]]:
     """A row per setting: median GB/s and CPU-s per GB with their min-max; the GIL figures of
-    its py-spy pass; CPU per GB over that of 1 thread, per repetition, as a median ratio."""
-    one = runs.get("lakestream 1")
+    its py-spy pass; CPU per GB over that of 1 thread (of the same decoder), per repetition,
+    as a median ratio."""
     rows = []
     for name, reps in runs.items():
+        words = name.split(" ")
+        one = runs.get(" ".join(["lakestream", "1", *words[2:]]))
         speeds = [r["gb_per_s"] for r in reps]
         cpus = [r["cpu_s_per_gb"] for r in reps]
         row: dict[str, Any] = {"setting": name, "gb_per_s": median(speeds),

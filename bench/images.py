@@ -24,8 +24,16 @@ try:  # torchvision cannot load beside every torch build (.venv-bench uninstalls
 except Exception:  # noqa: BLE001 - any failure to load means: decode with PIL
     _tv_decode = None
 
-DECODER = "torchvision.io.decode_jpeg" if _tv_decode is not None else "PIL"
-"""What ``decode_batch`` decodes with: torchvision's batched decode where it imports."""
+try:  # OpenCV's decoder (libjpeg-turbo) releases the GIL for the whole decode
+    import cv2 as _cv2
+except ImportError:
+    _cv2 = None
+
+DECODERS = ("torchvision", "cv2", "pil")
+DECODER = ("torchvision" if _tv_decode is not None else "cv2" if _cv2 is not None
+           else "pil")
+"""What ``decode_batch`` decodes with by default: torchvision's batched decode where it
+imports, else OpenCV's where it imports, else PIL."""
 
 
 def _layer(rng: np.random.Generator, side: int) -> np.ndarray:
@@ -63,18 +71,27 @@ def decode_one(data: Any) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
 
 
-def decode_batch(values: torch.Tensor, offsets: Sequence[int]) -> torch.Tensor:
+def decode_batch(values: torch.Tensor, offsets: Sequence[int],
+                 decoder: str | None = None) -> torch.Tensor:
     """The JPEGs ``values[offsets[i]:offsets[i+1]]`` as one ``[n, 224, 224, 3]`` uint8
-    tensor: one batched torchvision decode where it imports, else PIL image by image into
-    the tensor."""
+    tensor, decoded by ``decoder`` (``DECODER`` when None): torchvision in one batched call;
+    OpenCV or PIL image by image into the tensor."""
+    decoder = decoder or DECODER
     n = len(offsets) - 1
     pieces = [values[offsets[i]:offsets[i + 1]] for i in range(n)]
-    if _tv_decode is not None:
+    if decoder == "torchvision":
+        if _tv_decode is None:
+            raise RuntimeError("torchvision's decode_jpeg does not import here")
         return torch.stack([image.permute(1, 2, 0) for image in _tv_decode(pieces)])
+    if decoder == "cv2" and _cv2 is None:
+        raise RuntimeError("OpenCV does not import here: pip install opencv-python-headless")
     out = torch.empty((n, *SHAPE), dtype=torch.uint8)
     view = out.numpy()
     for i, piece in enumerate(pieces):
-        view[i] = decode_one(piece.numpy())
+        if decoder == "cv2":
+            view[i] = _cv2.imdecode(piece.numpy(), _cv2.IMREAD_COLOR_RGB)
+        else:
+            view[i] = decode_one(piece.numpy())
     return out
 
 
@@ -90,12 +107,13 @@ class DecodeJpeg:
     ``column`` decoded into a ``[n, 224, 224, 3]`` uint8 tensor. Takes the collated batch as
     a binary column without tensor metadata comes: its flat bytes and ``column_offsets``."""
 
-    def __init__(self, column: str = "image") -> None:
+    def __init__(self, column: str = "image", decoder: str | None = None) -> None:
         self.column = column
+        self.decoder = decoder
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         offsets = batch.pop(f"{self.column}_offsets")
-        batch[self.column] = decode_batch(batch[self.column], offsets.tolist())
+        batch[self.column] = decode_batch(batch[self.column], offsets.tolist(), self.decoder)
         return batch
 
 
