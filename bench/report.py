@@ -849,7 +849,8 @@ def main() -> None:
         ("Raw 224x224x3 uint8 images in a tensor column", "ceiling-raw"),
         ("RL rollouts, list<int32> of 1-3k tokens, beside a colocated per-batch Parquet "
          "DataLoader with one worker", "ceiling-tokens"),
-        ("JPEG q90 images decoded by PIL in `transform=`, per GB of decoded pixels",
+        ("JPEG q90 images decoded in `transform=` by PIL and by OpenCV (`cv2.imdecode`), per "
+         "GB of decoded pixels",
          "ceiling-jpeg")) if isinstance(r := _load(name), dict)]
     if ceiling:
         out += _ceiling_section(ceiling)
