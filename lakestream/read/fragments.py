@@ -18,7 +18,7 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.log.fragments import read_whole
-from lakestream.read.pages import FastPage, chunk_pages
+from lakestream.read.fastpages import FastPage, chunk_pages
 from lakestream.read.tensors import Direct, PlainValues, plain_values
 from lakestream.store.base import ObjectStore, SeekableReader
 from lakestream.store.diskcache import DiskCache

@@ -24,7 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lakestream.errors import CorruptLogError
-from lakestream.read.pages import Encoding, FastPage, PageType, column_chunk_pages, fast_pages
+from lakestream.read.fastpages import FastPage, fast_pages
+from lakestream.read.pages import Encoding, PageType, column_chunk_pages
 from lakestream.schema.tensors import tensor_spec
 
 _NUMBERS = {pa.int32(): ("INT32", "<i4"), pa.int64(): ("INT64", "<i8"),

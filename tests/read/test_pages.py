@@ -16,16 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lakestream.read.compact import MAX_DEPTH
+from lakestream.read.fastpages import chunk_pages, summed
 from lakestream.read.pages import (
-    MAX_DEPTH,
     MAX_HEADER_BYTES,
     Encoding,
     PageHeader,
     PageType,
-    chunk_pages,
     column_chunk_pages,
     parse_page_header,
-    summed,
 )
 
 # --- pyarrow-written files ---------------------------------------------------------------
