@@ -33,7 +33,7 @@ LAYERS = {
             ("log", "log.codec", "log.segments", "log.fragments", "log.progress"),
             ("log.index",),
             ("log.replay",),
-            ("log.tail", "log.inventory", "log.retention"),
+            ("log.tail", "log.inventory", "log.retention", "log.manifest"),
             ("log.snapshot",),
             ("log.head", "log.opening", "log.put"),
             ("log.transaction",),

@@ -30,17 +30,11 @@ from lakestream.log.entries import (
     log_key,
     log_version,
 )
+from lakestream.log.manifest import SNAPSHOT_DIR, read_manifest, snapshot_key, snapshot_version
 from lakestream.log.opening import read_version_pointer
 from lakestream.log.replay import ReplayState
 from lakestream.log.segments import INDEX_DIR, segment_fetcher
-from lakestream.log.snapshot import (
-    SNAPSHOT_DIR,
-    decode_snapshot,
-    read_manifest,
-    snapshot_key,
-    snapshot_segments,
-    snapshot_version,
-)
+from lakestream.log.snapshot import decode_snapshot, snapshot_segments
 from lakestream.log.tail import read_entry
 from lakestream.store.base import ObjectMeta, ObjectStore
 

@@ -16,17 +16,16 @@ from lakestream.errors import (
 )
 from lakestream.log.codec import encode_entry, entry_digest
 from lakestream.log.entries import Create, Link, StreamMeta, log_key
-from lakestream.log.replay import ReplayState
-from lakestream.log.segments import segment_fetcher
-from lakestream.log.snapshot import (
+from lakestream.log.manifest import (
     HINT_KEY,
     SNAPSHOT_DIR,
-    decode_snapshot,
     read_manifest,
     snapshot_key,
     snapshot_version,
-    write_snapshot,
 )
+from lakestream.log.replay import ReplayState
+from lakestream.log.segments import segment_fetcher
+from lakestream.log.snapshot import decode_snapshot, write_snapshot
 from lakestream.log.tail import entry_or_none, read_tail
 from lakestream.store.base import ObjectStore
 from lakestream.store.parse import count, loads

@@ -10,15 +10,10 @@ from dataclasses import dataclass, field
 from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError, TooLargeError
 from lakestream.log.codec import decode_entry
 from lakestream.log.entries import MAX_ENTRY_BYTES, log_key
+from lakestream.log.manifest import SNAPSHOT_DIR, read_manifest, snapshot_key, snapshot_version
 from lakestream.log.replay import ReplayState
 from lakestream.log.segments import segment_fetcher
-from lakestream.log.snapshot import (
-    SNAPSHOT_DIR,
-    decode_snapshot,
-    read_manifest,
-    snapshot_key,
-    snapshot_version,
-)
+from lakestream.log.snapshot import decode_snapshot
 from lakestream.read.fragments import FragmentReader
 from lakestream.store.base import ObjectStore
 

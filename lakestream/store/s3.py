@@ -1,17 +1,14 @@
 """The S3 store (AWS, MinIO, SeaweedFS, any S3 with conditional writes), through obstore.
 
 obstore is the Python binding of the Rust ``object_store`` crate that deltalake uses, so its
-configuration keys are deltalake's ``storage_options`` and one dict opens both. This is the
-only module that imports it: 412 becomes AlreadyExistsError, 404 NotFoundError (naming
-the bucket when it is the bucket that is missing), 401/403 PermissionDeniedError (telling
-credentials the store did not accept, or none found, from a lack of permission), and every
-other failure, after the client's retries, StoreError; each keeps the S3 error code.
-boto3, when installed, only resolves credentials and region from an AWS profile (SSO,
-assume-role, credential_process), the one the options or environment name, else the
-default one of a shared credentials file when nothing else names keys.
-
-Over 400 lines for that reason: the client, its configuration and the mapping of its errors
-stay in the one module that imports it.
+configuration keys are deltalake's ``storage_options`` and one dict opens both. Only this
+module and ``store/s3errors.py`` (its failures) import it: 412 becomes AlreadyExistsError,
+404 NotFoundError (naming the bucket when it is the bucket that is missing), 401/403
+PermissionDeniedError (telling credentials the store did not accept, or none found, from a
+lack of permission), and every other failure, after the client's retries, StoreError; each
+keeps the S3 error code. boto3, when installed, only resolves credentials and region from an
+AWS profile (SSO, assume-role, credential_process), the one the options or environment
+name, else the default one of a shared credentials file when nothing else names keys.
 """
 
 from __future__ import annotations
@@ -19,17 +16,12 @@ from __future__ import annotations
 import io
 import os
 import random
-import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, BinaryIO
-from xml.sax.saxutils import unescape
 
 import obstore
-from obstore.exceptions import (
-    AlreadyExistsError as _ObAlreadyExists,
-)
 from obstore.exceptions import (
     BaseError as _ObError,
 )
@@ -37,25 +29,12 @@ from obstore.exceptions import (
     NotFoundError as _ObNotFound,
 )
 from obstore.exceptions import (
-    PermissionDeniedError as _ObDenied,
-)
-from obstore.exceptions import (
-    PreconditionError as _ObPrecondition,
-)
-from obstore.exceptions import (
-    UnauthenticatedError as _ObUnauthenticated,
-)
-from obstore.exceptions import (
     UnknownConfigurationKeyError as _ObUnknownKey,
 )
 from obstore.store import S3Store as _ObS3Store
 
 from lakestream.errors import (
-    AlreadyExistsError,
     LakestreamError,
-    NotFoundError,
-    PermissionDeniedError,
-    StoreError,
 )
 from lakestream.store.base import (
     Buffer,
@@ -66,6 +45,7 @@ from lakestream.store.base import (
     too_large,
 )
 from lakestream.store.s3_options import S3Options, check_config, lookup, with_client_environment
+from lakestream.store.s3errors import Reply, first_line, s3_error
 from lakestream.store.slots import cpu_slots
 
 __all__ = ["S3Options", "S3Store", "s3_filesystem"]
@@ -155,7 +135,7 @@ def _bad_options(uri: str, config: dict[str, str], e: Exception) -> ValueError:
         return ValueError(f"storage option {key!r} is not an S3 option (deltalake's keys: "
                           "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
                           "AWS_SESSION_TOKEN, AWS_REGION, AWS_ALLOW_HTTP, ...)")
-    return ValueError(f"S3 options for {uri}: {_first_line(e)}")
+    return ValueError(f"S3 options for {uri}: {first_line(e)}")
 
 
 def s3_filesystem(uri: str, options: S3Options | None = None) -> Any:
@@ -242,7 +222,7 @@ class S3Store:
                 return
             except (_ObError, OSError) as e:
                 error = self._fail("writing", key, e)
-                if not _Reply.of(e).conflict or attempt == self.options.max_retries:
+                if not Reply.of(e).conflict or attempt == self.options.max_retries:
                     raise error from None
             cap = min(self.options.backoff_cap_s, self.options.backoff_init_s * 2 ** attempt)
             time.sleep(random.uniform(cap / 2, cap))
@@ -329,139 +309,3 @@ class _RangeReader(SeekableReader):
         buffer[:n] = data
         self._pos += n
         return n
-
-
-def s3_error(what: str, where: str, bucket: str, e: Exception) -> LakestreamError:
-    """The error of ours that a client failure of ``what`` (``"reading"``, ...) on
-    ``where`` is: it names the cause, what to do, and the S3 error code the body gave.
-
-    A refusal is definite (PermissionDeniedError), whether the store did not accept the
-    credentials, no credentials were found, or they may not do this; so is a missing bucket
-    (NotFoundError). Only what may have happened is a StoreError.
-    """
-    reply = _Reply.of(e)
-    if reply.conflict:
-        # obstore reports S3's 409 ConditionalRequestConflict ("a conflicting conditional
-        # write is in flight: try again") as AlreadyExists. Nothing says the object exists:
-        # taken as a 412, a fragment whose PUT never reached the server was committed. It
-        # is a transient failure.
-        return StoreError(f"{what} {where} met a conflicting write in flight (409)")
-    if isinstance(e, (_ObAlreadyExists, _ObPrecondition)):
-        return AlreadyExistsError(f"{where} already exists")
-    if _METADATA_SERVICE.search(reply.text):
-        return PermissionDeniedError(
-            f"{what} {where}: no S3 credentials were found. Neither the storage options nor "
-            "the environment set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, no AWS_PROFILE "
-            "or ~/.aws/credentials gave any, and no instance or container role answered "
-            f"({reply.summary}). Export the keys in the environment, or set AWS_PROFILE to a "
-            "profile of ~/.aws/credentials (docs/deployment.md, Credentials)")
-    if reply.code == "NoSuchBucket":
-        return NotFoundError(
-            f"{what} {where}: the bucket {bucket!r} does not exist (S3 NoSuchBucket): "
-            "create it, or correct the bucket in the URI")
-    if isinstance(e, (_ObNotFound, FileNotFoundError)):
-        return NotFoundError(f"{where} does not exist")
-    if reply.code in _AUTHENTICATION or isinstance(e, _ObUnauthenticated) \
-            or reply.status == 401:
-        fix = _AUTHENTICATION.get(reply.code or "", "check AWS_ACCESS_KEY_ID and "
-                                  "AWS_SECRET_ACCESS_KEY")
-        return PermissionDeniedError(
-            f"{what} {where} was refused: the store did not accept the credentials "
-            f"({reply.summary}); {fix}. They come from the storage options, else the AWS_* "
-            "environment, else an AWS profile (docs/deployment.md, Credentials)")
-    if isinstance(e, _ObDenied) or reply.status == 403 or reply.code == "AccessDenied":
-        if reply.code is None:  # a HEAD's reply has no body to tell why
-            return PermissionDeniedError(
-                f"{what} {where} was refused ({reply.summary}, with no S3 error code): "
-                "either the store did not accept the credentials or they may not do this; "
-                "check the keys, then the policy (docs/deployment.md, Least privilege)")
-        return PermissionDeniedError(
-            f"{what} {where} was refused: the credentials may not do this "
-            f"({reply.summary}); grant it (docs/deployment.md, Least privilege)")
-    silent = _NO_ANSWER.search(reply.text) if reply.status is None else None
-    if silent is not None:
-        url = re.search(r"Error performing [A-Z]+ (\w+://[^/\s]+)", reply.text)
-        tries = re.search(r"after (\d+) retries", reply.text)
-        return StoreError(
-            f"{what} {where} failed: no answer from "
-            f"{url.group(1) if url else 'the S3 endpoint'}"
-            f"{f' after {tries.group(1)} retries' if tries else ''} ({silent.group(0)}): "
-            "check the endpoint (AWS_ENDPOINT_URL): the host and port of a running S3 server "
-            "this machine can reach, and http:// or https:// as that server speaks (https:// "
-            "to a plain-HTTP server gets no answer either); for AWS itself, leave it unset")
-    return StoreError(f"{what} {where} failed: {reply.summary}")
-
-
-_NO_ANSWER = re.compile(r"error sending request|connection refused|dns error|"
-                        r"tcp connect error|connection reset|operation timed out", re.I)
-"""What the client says when the endpoint gave no HTTP answer at all."""
-
-_AUTHENTICATION = {
-    "SignatureDoesNotMatch": "the secret key is not the one of this access key id: check "
-                             "AWS_SECRET_ACCESS_KEY",
-    "InvalidAccessKeyId": "the store knows no such access key id: check AWS_ACCESS_KEY_ID, "
-                          "and that AWS_ENDPOINT_URL names the store that issued it",
-    "InvalidClientTokenId": "the store knows no such access key id: check AWS_ACCESS_KEY_ID",
-    "ExpiredToken": "the session token has expired: get fresh credentials (aws sso login, "
-                    "or a new AWS_SESSION_TOKEN)",
-    "TokenRefreshRequired": "the session token must be refreshed: get fresh credentials",
-    "InvalidToken": "the session token is malformed or not of these keys: check "
-                    "AWS_SESSION_TOKEN",
-    "RequestTimeTooSkewed": "this machine's clock is more than 15 minutes off the store's: "
-                            "synchronise it (NTP)",
-    "AuthorizationHeaderMalformed": "the request was signed for another region: check "
-                                    "AWS_REGION",
-}
-"""S3 error codes that say the request's credentials were not accepted, and the fix."""
-
-_METADATA_SERVICE = re.compile(r"169\.254\.169\.254|169\.254\.170\.2|\[?fd00:ec2::254|"
-                               r"/latest/api/token|/latest/meta-data/")
-"""The instance metadata service the client asks for credentials when none are given."""
-
-
-class _Reply:
-    """What a client failure says: the HTTP status, the S3 error code and message of the
-    body, and a one-line summary with them (the body's first line is only ``<?xml?>``)."""
-
-    def __init__(self, text: str, status: int | None, code: str | None,
-                 message: str | None) -> None:
-        self.text, self.status, self.code, self.message = text, status, code, message
-
-    @classmethod
-    def of(cls, e: BaseException) -> _Reply:
-        text = str(e)
-        status = re.search(r"status code: (\d{3})", text)
-        # An S3 error body, or a DeleteObjects failure: "...: Access Denied. (code: ...)".
-        body = re.search(r"<Code>([^<]{1,100})</Code>", text)
-        listed = re.search(r"failed for key [^\n]*?: ([^\n]{0,300}) \(code: (\w{1,100})\)", text)
-        message = re.search(r"<Message>([^<]{0,300})</Message>", text)
-        code = unescape(body.group(1)) if body else listed.group(2) if listed else None
-        said = unescape(message.group(1)) if message else listed.group(1) if listed else None
-        return cls(text, int(status.group(1)) if status else None, code, said)
-
-    @property
-    def conflict(self) -> bool:
-        """S3's 409 ConditionalRequestConflict: a conditional write of the key in flight."""
-        return self.code == "ConditionalRequestConflict" or self.status == 409 \
-            or "409 Conflict" in self.text
-
-    @property
-    def summary(self) -> str:
-        """``PUT <url>: 403 Forbidden: S3 <Code>: <Message>``, or the first line of what the
-        client said where it got no HTTP answer."""
-        request = re.search(r"Error performing ([A-Z]+ \S+)", self.text)
-        status = re.search(r"status code: (\d{3}[^:\n]*)(?::\s*([^\n]*))?", self.text)
-        if request is None or status is None:
-            return self.text.strip().split("\n", 1)[0][:300]
-        said = f"{request.group(1)}: {status.group(1).strip()}"
-        body = (status.group(2) or "").strip()
-        if self.code is not None:
-            said += f": S3 {self.code}" + (f": {self.message}" if self.message else "")
-        elif body and not body.startswith("<"):
-            said += f": {body[:200]}"
-        return said
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.split("\n", 1)[0][:300]

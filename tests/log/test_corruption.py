@@ -10,7 +10,7 @@ import lakestream
 from lakestream.errors import CorruptLogError
 from lakestream.log.codec import decode_entry, lines_checksum
 from lakestream.log.entries import log_key
-from lakestream.log.snapshot import snapshot_key
+from lakestream.log.manifest import snapshot_key
 from lakestream.ops.verify import verify
 from tests.helpers import SCHEMA, ids, rows
 

@@ -153,8 +153,8 @@ def _nested(depth: int) -> str:
 
 def test_deeply_nested_json_is_a_typed_error_or_ignored_where_advisory(tmp_path) -> None:
     from lakestream.log.entries import log_key
+    from lakestream.log.manifest import HINT_KEY
     from lakestream.log.progress import progress_key, read_progress
-    from lakestream.log.snapshot import HINT_KEY
     from lakestream.producers import Producer
 
     s = _stream(tmp_path)
@@ -371,7 +371,7 @@ def test_a_segment_name_with_controls_is_damage_and_reaches_no_terminal(tmp_path
 
     from zlib_ng import zlib_ng
 
-    from lakestream.log.snapshot import snapshot_key
+    from lakestream.log.manifest import snapshot_key
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B,
                           snapshot_interval=2)

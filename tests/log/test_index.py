@@ -13,9 +13,10 @@ import lakestream
 from lakestream.errors import CorruptLogError
 from lakestream.log.entries import Append, FragmentRef, Reclaim
 from lakestream.log.index import CACHED_SEGMENTS, FragmentIndex
+from lakestream.log.manifest import snapshot_key
 from lakestream.log.opening import load_state
 from lakestream.log.segments import INDEX_DIR, SEGMENT_FRAGMENTS
-from lakestream.log.snapshot import snapshot_key, snapshot_segments
+from lakestream.log.snapshot import snapshot_segments
 from lakestream.producers import Producer
 from lakestream.store import open_store
 from tests.helpers import SCHEMA, ids, put_entry, rows

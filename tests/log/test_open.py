@@ -11,8 +11,8 @@ import pytest
 
 import lakestream
 from lakestream.log.entries import Fence, log_key
+from lakestream.log.manifest import HINT_KEY, snapshot_key
 from lakestream.log.opening import load_state
-from lakestream.log.snapshot import HINT_KEY, snapshot_key
 from lakestream.log.tail import TAIL_WIDTH
 from lakestream.store import ObjectMeta, ObjectStore, open_store
 from tests.helpers import SCHEMA, ids, rows

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from lakestream.log.codec import decode_entry, encode_entry
 from lakestream.log.entries import Append, Checkpoint, Create, Entry, Fence, FragmentRef, StreamMeta
+from lakestream.log.manifest import snapshot_key
 from lakestream.log.replay import ReplayState, replay
-from lakestream.log.snapshot import decode_snapshot, snapshot_key, write_snapshot
+from lakestream.log.snapshot import decode_snapshot, write_snapshot
 from lakestream.store import LocalStore
 
 META = StreamMeta(pa.schema([("x", pa.int64())]), 4, 1, table_id="t", created_ms=0)

@@ -26,7 +26,7 @@ from lakestream.log.entries import (
     log_key,
 )
 from lakestream.log.fragments import encode_fragment
-from lakestream.log.snapshot import snapshot_key
+from lakestream.log.manifest import snapshot_key
 from lakestream.producers import Producer
 from tests.helpers import DROP, SCHEMA, edit_entry, ids, put_entry, rows
 
@@ -336,10 +336,10 @@ def test_a_state_no_writer_writes_is_void_and_never_reaches_a_manifest(tmp_path)
 
 
 def test_a_manifest_readers_would_refuse_is_not_written(tmp_path, monkeypatch) -> None:
-    import lakestream.log.snapshot as snapshot
+    import lakestream.log.manifest as manifest
 
     s = _stream(str(tmp_path / "s"), 2, interval=4)
-    monkeypatch.setattr(snapshot, "MAX_MANIFEST_BYTES", 1000)
+    monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 1000)
     with Producer(s.uri, "p") as p:
         p.write(rows(8, B), state={"cursor": "y" * 2000})
     s.refresh()

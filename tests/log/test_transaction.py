@@ -19,9 +19,10 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.log.entries import DATA_DIR, LOG_DIR, Checkpoint, Fence
+from lakestream.log.manifest import snapshot_key
 from lakestream.log.opening import load_state
 from lakestream.log.segments import INDEX_DIR
-from lakestream.log.snapshot import decode_snapshot, snapshot_key, snapshot_segments
+from lakestream.log.snapshot import decode_snapshot, snapshot_segments
 from lakestream.log.transaction import CommitOptions, Exhausted, Landed, Rejected, Transaction
 from lakestream.ops.verify import verify
 from lakestream.store import LocalStore

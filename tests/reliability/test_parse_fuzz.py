@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from lakestream.errors import LakestreamError
 from lakestream.log.codec import decode_entry, lines_checksum
+from lakestream.log.manifest import HINT_KEY
 from lakestream.log.opening import read_hint
 from lakestream.log.progress import progress_key, read_progress
 from lakestream.log.replay import ReplayState
-from lakestream.log.snapshot import HINT_KEY, decode_snapshot
+from lakestream.log.snapshot import decode_snapshot
 from lakestream.read.fragments import FragmentReader
 from lakestream.store import LocalStore
 from tests.conftest import SOAK

@@ -80,7 +80,7 @@ def test_a_producers_grants_cannot_brick_gc_nor_rewrite_unseen(roles: SeaweedS3)
     committed entry gave readers that opened before and after two histories."""
     from lakestream.errors import CorruptLogError
     from lakestream.log.entries import log_key
-    from lakestream.log.snapshot import snapshot_key
+    from lakestream.log.manifest import snapshot_key
 
     producer, retention = roles.options(PRODUCER), roles.options(RETENTION)
     reader = roles.options(READER)
