@@ -226,7 +226,7 @@ DROP = object()
 def edit_entry(data: bytes, **info: Any) -> bytes:
     """An entry with fields of its ``commitInfo.lakestream`` changed (``DROP``: removed),
     its checksum made to match: what a writer that goes around the encoder writes."""
-    from lakestream.log.codec import lines_checksum
+    from lakestream.log.checksum import lines_checksum
 
     lines = [json.loads(line) for line in data.splitlines()]
     fields = lines[0]["commitInfo"]["lakestream"]

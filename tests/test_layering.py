@@ -30,6 +30,7 @@ the errors, the ``Stream`` façade, the API the core offers it, and its own modu
 
 LAYERS = {
     "log": (("log.entries", "log.threads", "log.overlay"),
+            ("log.actions", "log.checksum"),
             ("log", "log.codec", "log.segments", "log.fragments", "log.progress"),
             ("log.index",),
             ("log.replay",),

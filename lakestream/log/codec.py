@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from typing import Any
 
-import pyarrow as pa
-from zlib_ng import zlib_ng
-
+import lakestream.log.checksum as checksum
 from lakestream.errors import CorruptLogError
+from lakestream.log.actions import (
+    VOID_TAG,
+    WRITER_FEATURE,
+    add_line,
+    delta_protocol,
+    dump_line,
+    remove_action,
+)
 from lakestream.log.entries import (
     CHAINED_ENTRY_FORMAT,
     COMPACTED_ENTRY_FORMAT,
@@ -43,54 +48,7 @@ from lakestream.log.entries import (
     check_state,
     key_writer,
 )
-from lakestream.schema.delta import delta_table_features
 from lakestream.store.parse import MAX_INT, count
-
-
-def _dump(action: dict[str, Any]) -> str:
-    """One line of an entry: compact JSON (NaN refused, so that every line is JSON)."""
-    return json.dumps(action, separators=(",", ":"), allow_nan=False)
-
-
-def _add_line(f: FragmentRef, now_ms: int) -> str:
-    """The add action of ``f`` as one line, formatted directly rather than built as a dict
-    and serialised (an append carries hundreds); it is exactly ``_dump`` of that dict::
-
-        {"add": {"path": ..., "partitionValues": {}, "size": ..., "modificationTime": ...,
-                 "dataChange": true, "stats": "{\\"numRecords\\": <rows>}",
-                 "tags": {"lakestream.offset": "<offset>", "lakestream.rows": "<rows>",
-                          "lakestream.seq": "<seq>", "lakestream.crc32": "<crc32>"}}}
-    """
-    return (f'{{"add":{{"path":{json.dumps(f.path)},"partitionValues":{{}},"size":{int(f.size)},'
-            f'"modificationTime":{int(now_ms)},"dataChange":true,'
-            f'"stats":"{{\\"numRecords\\": {int(f.rows)}}}",'
-            f'"tags":{{"lakestream.offset":"{int(f.offset)}","lakestream.rows":"{int(f.rows)}",'
-            f'"lakestream.seq":"{int(f.seq)}","lakestream.crc32":"{int(f.crc32)}"}}}}}}')
-
-
-def _tags(f: FragmentRef) -> dict[str, str]:
-    return {"lakestream.offset": str(f.offset), "lakestream.rows": str(f.rows),
-            "lakestream.seq": str(f.seq), "lakestream.crc32": str(f.crc32)}
-
-
-_VOID_TAG = "lakestream.void"
-"""On a reclaim's ``remove`` of a void append's file: it leaves the list of void files, never
-the index (a live fragment of the same path stays live)."""
-
-
-def _remove(f: FragmentRef, now_ms: int, void: bool = False) -> dict[str, Any]:
-    tags = _tags(f)
-    if void:
-        tags[_VOID_TAG] = "true"
-    return {"remove": {
-        "path": f.path,
-        "deletionTimestamp": now_ms,
-        "dataChange": True,
-        "extendedFileMetadata": True,
-        "partitionValues": {},
-        "size": f.size,
-        "tags": tags,
-    }}
 
 
 def entry_digest(data: bytes) -> str:
@@ -100,29 +58,6 @@ def entry_digest(data: bytes) -> str:
 
 _sha256 = hashlib.sha256
 DIGEST_BYTES = DIGEST_CHARS // 2
-
-
-WRITER_FEATURE = "lakestreamLog"
-"""A writer feature no other Delta writer knows: the protocol says that writers which do
-not support every writer feature must not write, so delta-rs, Spark and others refuse to
-append to a stream (their commits would break replay), while readers, who check reader
-features only, read it as any table."""
-
-
-def delta_protocol(schema: pa.Schema) -> dict[str, Any]:
-    """The body of the ``protocol`` action of a stream with this schema.
-
-    Writer version 7 with ``WRITER_FEATURE`` keeps other Delta writers out. Readers see
-    reader version 1 when the schema needs no table feature (more Delta readers accept it),
-    else reader version 3 naming exactly the features needed, as readers refuse e.g.
-    ``timestamp_ntz`` columns without them.
-    """
-    features = delta_table_features(schema)
-    reader: dict[str, Any] = {"minReaderVersion": 3, "readerFeatures": features} if features \
-        else {"minReaderVersion": 1}
-    return {"minReaderVersion": reader["minReaderVersion"], "minWriterVersion": 7,
-            **({"readerFeatures": features} if features else {}),
-            "writerFeatures": [*features, WRITER_FEATURE]}
 
 
 def encode_entry(entry: Entry, prev: str | None = None) -> bytes:
@@ -141,6 +76,35 @@ def encode_entry(entry: Entry, prev: str | None = None) -> bytes:
                             COMPACTED_ENTRY_FORMAT, "commit_id": entry.commit_id}
     if chained:
         info["prev"] = prev
+    operation, params, actions, lines = _operation(entry, info, now)
+    commit_info = {"commitInfo": {"timestamp": now, "operation": operation,
+                                  "operationParameters": params, "lakestream": info}}
+    lines += [dump_line(a) for a in actions]
+    # Each line is serialised once (allow_nan=False as a backstop: only the state holds
+    # floats), and checksummed as written.
+    head, body = dump_line(commit_info).encode(), "".join("\n" + line for line in lines).encode()
+    if isinstance(entry, Append) and len(head) + 32 > MAX_INFO_BYTES:
+        raise ValueError(f"an append whose first line is {len(head):,} bytes, over "
+                         f"{MAX_INFO_BYTES:,}: readers would void it (its state is too large)")
+    data = checksum.with_checksum(head, checksum.entry_checksum(head, body)) + body + b"\n"
+    if len(data) > MAX_ENTRY_BYTES:
+        raise ValueError(f"the entry is {len(data):,} bytes, over {MAX_ENTRY_BYTES:,}: commit "
+                         "fewer fragments at a time")
+    return data
+
+
+_TBL = "SET TBLPROPERTIES"
+
+
+def _operation(entry: Entry, info: dict[str, Any], now: int
+               ) -> tuple[str, dict[str, Any], list[dict[str, Any]], list[str]]:
+    """What ``entry`` is to Delta readers: its operation and parameters, its actions, and
+    its lines written directly (an append's adds); its own fields go into ``info``.
+
+    Raises:
+        ValueError: an append readers would void, or whose state is not JSON.
+        TypeError: an entry no writer writes.
+    """
     actions: list[dict[str, Any]] = []
     lines: list[str] = []
     operation, params = "WRITE", {"mode": "Append"}
@@ -156,50 +120,37 @@ def encode_entry(entry: Entry, prev: str | None = None) -> bytes:
             raise ValueError(f"an append readers would void: {why}")
         info.update(op="append", producer=entry.producer, epoch=entry.epoch,
                     seq=[entry.first_seq, entry.last_seq], state=entry.state)
-        lines = [_add_line(f, now) for f in entry.fragments]
+        lines = [add_line(f, now) for f in entry.fragments]
         if entry.producer is not None:
-            lines.append(_dump({"txn": {"appId": entry.producer, "version": entry.last_seq,
-                                        "lastUpdated": now}}))
+            lines.append(dump_line({"txn": {"appId": entry.producer,
+                                            "version": entry.last_seq, "lastUpdated": now}}))
     elif isinstance(entry, Fence):
         info.update(op="fence", producer=entry.producer, epoch=entry.epoch)
-        operation, params = "SET TBLPROPERTIES", {}
+        operation, params = _TBL, {}
     elif isinstance(entry, Checkpoint):
         info.update(op="checkpoint", group=entry.group, step=entry.step,
                     checkpoint_id=entry.checkpoint_id)
-        operation, params = "SET TBLPROPERTIES", {}
+        operation, params = _TBL, {}
     elif isinstance(entry, Register):
         info.update(op="register", group=entry.group, step=entry.step)
-        operation, params = "SET TBLPROPERTIES", {}
+        operation, params = _TBL, {}
     elif isinstance(entry, RemoveGroup):
         info.update(op="remove_group", group=entry.group)
-        operation, params = "SET TBLPROPERTIES", {}
+        operation, params = _TBL, {}
     elif isinstance(entry, Seal):
         info["op"] = "seal"
-        operation, params = "SET TBLPROPERTIES", {}
+        operation, params = _TBL, {}
     elif isinstance(entry, Reclaim):
         info.update(op="reclaim", below_offset=entry.below_offset)
         operation, params = "DELETE", {"predicate": f"offset < {entry.below_offset}"}
-        actions = [_remove(f, now) for f in entry.removed] + \
-            [_remove(f, now, void=True) for f in entry.void or ()]
+        actions = [remove_action(f, now) for f in entry.removed] + \
+            [remove_action(f, now, void=True) for f in entry.void or ()]
     elif isinstance(entry, Compacted):
         info.update(op="compacted", snapshot=entry.snapshot, replaced=entry.replaced)
-        operation, params = "SET TBLPROPERTIES", {}
+        operation, params = _TBL, {}
     else:  # Refused: decoding makes those, no writer writes one
         raise TypeError(f"not an entry a writer writes: {entry!r}")
-    commit_info = {"commitInfo": {"timestamp": now, "operation": operation,
-                                  "operationParameters": params, "lakestream": info}}
-    lines += [_dump(a) for a in actions]
-    # Each line is serialised once (allow_nan=False as a backstop: only the state holds
-    # floats), and checksummed as written.
-    head, body = _dump(commit_info).encode(), "".join("\n" + line for line in lines).encode()
-    if isinstance(entry, Append) and len(head) + 32 > MAX_INFO_BYTES:
-        raise ValueError(f"an append whose first line is {len(head):,} bytes, over "
-                         f"{MAX_INFO_BYTES:,}: readers would void it (its state is too large)")
-    data = _with_checksum(head, entry_checksum(head, body)) + body + b"\n"
-    if len(data) > MAX_ENTRY_BYTES:
-        raise ValueError(f"the entry is {len(data):,} bytes, over {MAX_ENTRY_BYTES:,}: commit "
-                         "fewer fragments at a time")
-    return data
+    return operation, params, actions, lines
 
 
 def _parse_lines(data: bytes, as_written: bool) -> list[Any]:
@@ -213,55 +164,6 @@ def _parse_lines(data: bytes, as_written: bool) -> list[Any]:
             return values
     # Split on "\n" alone, as Delta readers do: splitlines() also splits on \v, \f, \x1c...
     return [json.loads(line) for line in data.decode("utf-8").split("\n") if line.strip()]
-
-
-def entry_checksum(first: bytes, rest: bytes) -> int:
-    """The checksum of an entry: CRC-32 of its lines as compact JSON joined by newlines, its
-    first line (the commitInfo) without the checksum itself; ``rest`` is every line after the
-    first, each after its newline. A damaged entry that still parses is caught (object
-    stores check transfers, not rot).
-
-    Every path computes it here, on the same bytes: ``encode_entry`` on the lines it
-    writes, ``decode_entry`` on the raw lines of an entry laid out as written (``_as_written``,
-    nothing serialised again), and on any other entry's lines serialised again
-    (``lines_checksum``).
-    """
-    return zlib_ng.crc32(rest, zlib_ng.crc32(first))
-
-
-_CLOSE = b"}}}"
-"""How an entry's first line ends: its ``lakestream`` object, ``commitInfo`` and the line
-close at once. The checksum goes in as the last key of the first, so it is the tail that
-``_as_written`` cuts."""
-_CRC_TAIL = re.compile(rb',"crc32":(0|[1-9][0-9]{0,9})\}\}\}\Z')
-
-
-def _with_checksum(first: bytes, crc: int) -> bytes:
-    """The first line with ``crc`` as the last key of its ``lakestream`` object."""
-    return first[:-len(_CLOSE)] + b',"crc32":%d' % crc + _CLOSE
-
-
-def _as_written(data: bytes) -> int | None:
-    """The checksum of ``data`` if it is byte for byte as ``encode_entry`` writes it (the
-    CRC-32 at the end of its first line matches the raw lines with it cut out), else None:
-    checking the raw bytes saves serialising every line again (``lines_checksum``)."""
-    first = data.find(b"\n")
-    if first < 0 or not data.endswith(b"\n"):
-        return None
-    tail = _CRC_TAIL.search(data, 0, first)
-    if tail is None:
-        return None
-    stored = int(tail.group(1))
-    head = data[:tail.start()] + _CLOSE
-    return stored if entry_checksum(head, data[first:-1]) == stored else None
-
-
-def lines_checksum(lines: list[Any]) -> int:
-    """The checksum of an entry whose lines are ``lines`` (parsed, the checksum taken out of
-    the first), each serialised again as compact JSON (``entry_checksum``)."""
-    dumped = [json.dumps(a, separators=(",", ":")).encode() for a in lines]
-    return entry_checksum(dumped[0] if dumped else b"",
-                          b"".join(b"\n" + line for line in dumped[1:]))
 
 
 def _fragment(action: dict[str, Any], version: int) -> FragmentRef:
@@ -302,7 +204,7 @@ def decode_entry(version: int, data: bytes) -> Entry:
             format version, or names an unsafe key; the message names the version.
     """
     try:
-        as_written = _as_written(data)
+        as_written = checksum.as_written(data)
         try:
             actions = _parse_lines(data, as_written is not None)
         except ValueError:
@@ -325,9 +227,9 @@ def decode_entry(version: int, data: bytes) -> Entry:
         info = infos[0]["lakestream"]
         stored = info.pop("crc32", None)
         if (stored != as_written if as_written is not None
-                else stored != lines_checksum(actions)):
+                else stored != checksum.lines_checksum(actions)):
             raise ValueError(f"checksum {stored!r} does not match the content "
-                             f"({lines_checksum(actions)}): the entry is damaged")
+                             f"({checksum.lines_checksum(actions)}): the entry is damaged")
         fmt = info.get("format")
         if fmt not in _FORMATS:
             raise CorruptLogError(
@@ -405,7 +307,7 @@ def _decode_op(version: int, info: dict[str, Any], by_kind: dict[str, list[dict[
 
 
 def _is_void(action: dict[str, Any]) -> bool:
-    return (action.get("tags") or {}).get(_VOID_TAG) == "true"
+    return (action.get("tags") or {}).get(VOID_TAG) == "true"
 
 
 def _append(version: int, info: dict[str, Any], adds: list[dict[str, Any]], link: Link

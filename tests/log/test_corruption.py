@@ -8,7 +8,8 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log.codec import decode_entry, lines_checksum
+from lakestream.log.checksum import lines_checksum
+from lakestream.log.codec import decode_entry
 from lakestream.log.entries import log_key
 from lakestream.log.manifest import snapshot_key
 from lakestream.ops.verify import verify

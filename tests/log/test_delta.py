@@ -19,7 +19,9 @@ import pytest
 
 import lakestream
 from lakestream.errors import CorruptLogError
-from lakestream.log.codec import WRITER_FEATURE, decode_entry, encode_entry, lines_checksum
+from lakestream.log.actions import WRITER_FEATURE
+from lakestream.log.checksum import lines_checksum
+from lakestream.log.codec import decode_entry, encode_entry
 from lakestream.log.entries import (
     Append,
     Create,
@@ -357,6 +359,7 @@ def test_an_append_is_serialised_once_and_checked_without_serialising_it_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Encoding and decoding an append sit in a commit's race window: serialising each add
     twice and again to check it made a 680-fragment commit's window several times wider."""
+    import lakestream.log.checksum as checksum
     import lakestream.log.codec as log
 
     refs = tuple(FragmentRef(f"data/p0/1-{k}-x.parquet", 4, 100, 4 * k, k) for k in range(500))
@@ -369,7 +372,7 @@ def test_an_append_is_serialised_once_and_checked_without_serialising_it_again(
     monkeypatch.setattr(log.json, "dumps", counting)
     data = encode_entry(Append("p0", 1, refs, None))
     assert calls[0] <= len(refs) + 10  # a path each, and a few lines
-    monkeypatch.setattr(log, "lines_checksum", lambda lines: pytest.fail("serialised again"))
+    monkeypatch.setattr(checksum, "lines_checksum", lambda lines: pytest.fail("serialised again"))
     assert decode_entry(1, data).fragments == refs  # type: ignore[union-attr]
 
 
@@ -400,7 +403,7 @@ def test_every_path_checksums_the_same_bytes_with_one_function(
     """Writing an entry, reading it as written and reading it laid out otherwise all take
     its checksum from ``entry_checksum``, over the same bytes: the entry's lines as compact
     JSON, the checksum cut from the first."""
-    import lakestream.log.codec as codec
+    import lakestream.log.checksum as codec
 
     seen: list[tuple[bytes, bytes]] = []
     real = codec.entry_checksum

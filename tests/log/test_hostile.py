@@ -221,7 +221,8 @@ def test_an_entry_with_a_value_of_another_type_is_damage(field: str, value: obje
     ``AttributeError`` from the decoder."""
     import json
 
-    from lakestream.log.codec import decode_entry, encode_entry, lines_checksum
+    from lakestream.log.checksum import lines_checksum
+    from lakestream.log.codec import decode_entry, encode_entry
     from lakestream.log.entries import Append, FragmentRef
 
     ref = FragmentRef("data/p/0-0-a.parquet", 4, 10, 0, 0, 1)

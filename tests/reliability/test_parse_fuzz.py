@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lakestream.errors import LakestreamError
-from lakestream.log.codec import decode_entry, lines_checksum
+from lakestream.log.checksum import lines_checksum
+from lakestream.log.codec import decode_entry
 from lakestream.log.manifest import HINT_KEY
 from lakestream.log.opening import read_hint
 from lakestream.log.progress import progress_key, read_progress
