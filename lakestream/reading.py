@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from lakestream.checks import check_int
 from lakestream.failpoints import failpoint
-from lakestream.log.entries import check_group
+from lakestream.log.keys import check_group
 from lakestream.log.progress import Progress, publish_progress, read_progress
 from lakestream.log.replay import Marker
 from lakestream.plan.mix import resume_position

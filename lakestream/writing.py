@@ -9,15 +9,9 @@ from __future__ import annotations
 from lakestream.checks import check_int
 from lakestream.failpoints import failpoint
 from lakestream.log import Append, Entry, FragmentRef
-from lakestream.log.entries import (
-    MAX_FRAGMENTS_PER_ENTRY,
-    Fence,
-    check_group,
-    check_producer_id,
-    check_state,
-    fragment_key,
-)
+from lakestream.log.entries import MAX_FRAGMENTS_PER_ENTRY, Fence, check_state
 from lakestream.log.fragments import check_rows, encode_fragment, put_fragment, row_group_target
+from lakestream.log.keys import check_group, check_producer_id, fragment_key
 from lakestream.log.progress import Progress, read_progress
 from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.log.transaction import CommitOptions

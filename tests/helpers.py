@@ -96,7 +96,7 @@ def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
     range; not the log's index segments, Parquet too), and in ``[0]`` the Parquet row groups
     decoded."""
     import lakestream.read.fragments as fragments
-    from lakestream.log.entries import DATA_DIR
+    from lakestream.log.keys import DATA_DIR
     from lakestream.store.local import LocalStore
 
     gets: Counter[str] = Counter()
@@ -207,7 +207,7 @@ def put_entry(store: Any, version: int, entry: Any, *, mode: str = "create") -> 
     holding a producer's grants, computes the same link), and without the encoder's refusal
     of appends readers void. Returns the bytes written."""
     import lakestream.log.codec as codec
-    from lakestream.log.entries import log_key
+    from lakestream.log.keys import log_key
 
     prev = codec.entry_digest(store.get(log_key(version - 1))) if version > 0 else None
     checks = codec.refusal

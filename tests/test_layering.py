@@ -29,7 +29,8 @@ SDK_ALLOWED = {"producers": ("lakestream", "lakestream.errors", "lakestream.stre
 the errors, the ``Stream`` façade, the API the core offers it, and its own modules."""
 
 LAYERS = {
-    "log": (("log.entries", "log.threads", "log.overlay"),
+    "log": (("log.keys",),
+            ("log.entries", "log.threads", "log.overlay"),
             ("log.actions", "log.checksum"),
             ("log", "log.codec", "log.segments", "log.fragments", "log.progress"),
             ("log.index",),

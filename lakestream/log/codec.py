@@ -43,11 +43,9 @@ from lakestream.log.entries import (
     RemoveGroup,
     Seal,
     StreamMeta,
-    check_data_key,
-    check_producer_id,
     check_state,
-    key_writer,
 )
+from lakestream.log.keys import check_data_key, check_producer_id, key_writer
 from lakestream.store.parse import MAX_INT, count
 
 

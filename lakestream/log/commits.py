@@ -16,7 +16,6 @@ from zlib_ng import zlib_ng
 from lakestream.checks import check_int
 from lakestream.errors import LakestreamError, StepNotAvailableError
 from lakestream.log.entries import (
-    ANONYMOUS,
     Append,
     Checkpoint,
     Entry,
@@ -24,10 +23,9 @@ from lakestream.log.entries import (
     Register,
     RemoveGroup,
     Seal,
-    check_group,
-    fragment_key,
 )
 from lakestream.log.fragments import check_rows, encode_fragment, put_fragment
+from lakestream.log.keys import ANONYMOUS, check_group, fragment_key
 from lakestream.log.replay import ReplayState, refuse_if_sealed
 from lakestream.log.transaction import Build, CommitOptions, unwrap
 from lakestream.log.view import LogView

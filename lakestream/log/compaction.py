@@ -21,15 +21,8 @@ from lakestream.errors import (
 )
 from lakestream.failpoints import failpoint
 from lakestream.log.codec import encode_entry
-from lakestream.log.entries import (
-    LOG_DIR,
-    MAX_ENTRY_BYTES,
-    TOMBSTONE_TTL_S,
-    Compacted,
-    is_delta_checkpoint_key,
-    log_key,
-    log_version,
-)
+from lakestream.log.entries import MAX_ENTRY_BYTES, TOMBSTONE_TTL_S, Compacted
+from lakestream.log.keys import LOG_DIR, is_delta_checkpoint_key, log_key, log_version
 from lakestream.log.manifest import SNAPSHOT_DIR, read_manifest, snapshot_key, snapshot_version
 from lakestream.log.opening import read_version_pointer
 from lakestream.log.replay import ReplayState

@@ -9,15 +9,9 @@ import logging
 from lakestream.errors import NotFoundError, StoreError
 from lakestream.failpoints import failpoint
 from lakestream.log.compaction import GcReport, compact, delete_or_skip, progress
-from lakestream.log.entries import (
-    LOG_DIR,
-    Reclaim,
-    is_delta_checkpoint_key,
-    key_writer,
-    log_key,
-    log_version,
-)
+from lakestream.log.entries import Reclaim
 from lakestream.log.inventory import unreferenced
+from lakestream.log.keys import LOG_DIR, is_delta_checkpoint_key, key_writer, log_key, log_version
 from lakestream.log.replay import ReplayState
 from lakestream.log.tail import read_entry
 from lakestream.log.view import LogView

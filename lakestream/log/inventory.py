@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from lakestream.log.entries import DATA_DIR
+from lakestream.log.keys import DATA_DIR
 from lakestream.log.replay import ReplayState
 from lakestream.store.base import ObjectMeta, ObjectStore
 

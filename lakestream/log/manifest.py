@@ -15,16 +15,9 @@ from lakestream.errors import (
     CorruptLogError,
     TooLargeError,
 )
-from lakestream.log.entries import (
-    DIGEST_CHARS,
-    MAX_CHECKPOINT_ID,
-    FragmentRef,
-    StreamMeta,
-    check_data_key,
-    check_group,
-    check_producer_id,
-)
+from lakestream.log.entries import DIGEST_CHARS, MAX_CHECKPOINT_ID, FragmentRef, StreamMeta
 from lakestream.log.index import Part
+from lakestream.log.keys import check_data_key, check_group, check_producer_id
 from lakestream.log.overlay import OverlayDict
 from lakestream.log.replay import Marker, ProducerState, ReplayState
 from lakestream.log.segments import (

@@ -15,7 +15,8 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.log.codec import encode_entry, entry_digest
-from lakestream.log.entries import Create, Link, StreamMeta, log_key
+from lakestream.log.entries import Create, Link, StreamMeta
+from lakestream.log.keys import log_key
 from lakestream.log.manifest import (
     HINT_KEY,
     SNAPSHOT_DIR,

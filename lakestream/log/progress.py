@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from lakestream.errors import NotFoundError, StoreError
-from lakestream.log.entries import check_group
+from lakestream.log.keys import check_group
 from lakestream.store.base import ObjectStore
 from lakestream.store.parse import MAX_INT, count, loads
 

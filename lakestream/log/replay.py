@@ -24,9 +24,9 @@ from lakestream.log.entries import (
     RemoveGroup,
     Seal,
     StreamMeta,
-    valid_group,
 )
 from lakestream.log.index import FragmentIndex, Removal
+from lakestream.log.keys import valid_group
 from lakestream.log.overlay import OverlayDict
 from lakestream.log.segments import Fragment
 from lakestream.store.parse import MAX_INT

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable
 
 from lakestream.errors import CorruptLogError, NotFoundError, TooLargeError
 from lakestream.log.codec import decode_entry
-from lakestream.log.entries import MAX_ENTRY_BYTES, Entry, log_key
+from lakestream.log.entries import MAX_ENTRY_BYTES, Entry
+from lakestream.log.keys import log_key
 from lakestream.log.replay import ReplayState
 from lakestream.log.threads import shared_pool
 from lakestream.store.base import ObjectStore

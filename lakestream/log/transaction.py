@@ -29,7 +29,8 @@ from lakestream.errors import (
 )
 from lakestream.failpoints import failpoint
 from lakestream.log.codec import encode_entry, entry_digest
-from lakestream.log.entries import Compacted, Entry, Link, log_key, new_commit_id
+from lakestream.log.entries import Compacted, Entry, Link, new_commit_id
+from lakestream.log.keys import log_key
 from lakestream.log.opening import load_state
 from lakestream.log.put import put_entry
 from lakestream.log.replay import ReplayState

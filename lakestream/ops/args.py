@@ -9,7 +9,7 @@ import zoneinfo
 
 import pyarrow as pa
 
-from lakestream.log.entries import check_group
+from lakestream.log.keys import check_group
 from lakestream.ops.text import printable
 from lakestream.schema.tensors import tensor_field
 from lakestream.store.s3_options import is_secret, setting
@@ -197,7 +197,7 @@ def parse_mapping(text: str) -> tuple[str, str]:
 
 
 def parse_group(text: str) -> str:
-    """A consumer group's name (``lakestream.log.entries.check_group``).
+    """A consumer group's name (``lakestream.log.keys.check_group``).
 
     Raises:
         argparse.ArgumentTypeError: not a valid group name.

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from lakestream import __version__
 from lakestream.errors import LakestreamError
-from lakestream.log.entries import check_group
+from lakestream.log.keys import check_group
 from lakestream.log.progress import delete_progress, progress_exists
 from lakestream.ops.args import (
     SCALAR_NAMES,

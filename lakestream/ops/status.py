@@ -9,8 +9,9 @@ import time
 from typing import Any
 
 from lakestream.errors import LakestreamError, NotFoundError
-from lakestream.log.entries import RemoveGroup, log_key
+from lakestream.log.entries import RemoveGroup
 from lakestream.log.inventory import unreferenced
+from lakestream.log.keys import log_key
 from lakestream.log.opening import read_hint
 from lakestream.log.progress import Progress, list_progress
 from lakestream.log.retention import group_holds, retention_point

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from lakestream.log.entries import check_group
+from lakestream.log.keys import check_group
 from lakestream.log.progress import read_progress
 from lakestream.ops.text import printable
 from lakestream.stream import Stream

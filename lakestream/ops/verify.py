@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from lakestream.errors import CorruptLogError, LogCompactedError, NotFoundError, TooLargeError
 from lakestream.log.codec import decode_entry
-from lakestream.log.entries import MAX_ENTRY_BYTES, log_key
+from lakestream.log.entries import MAX_ENTRY_BYTES
+from lakestream.log.keys import log_key
 from lakestream.log.manifest import SNAPSHOT_DIR, read_manifest, snapshot_key, snapshot_version
 from lakestream.log.replay import ReplayState
 from lakestream.log.segments import segment_fetcher

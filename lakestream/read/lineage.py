@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from lakestream.checks import check_int
 from lakestream.errors import StepNotAvailableError
-from lakestream.log.entries import key_writer
+from lakestream.log.keys import key_writer
 from lakestream.log.replay import Marker, ReplayState
 from lakestream.log.segments import Fragment
 

@@ -15,7 +15,8 @@ import lakestream.log.view
 import lakestream.stream
 from lakestream.errors import LogCompactedError
 from lakestream.log.compaction import COMPACTED_KEY
-from lakestream.log.entries import Compacted, log_key
+from lakestream.log.entries import Compacted
+from lakestream.log.keys import log_key
 from lakestream.log.opening import read_version_pointer
 from lakestream.log.tail import read_entry
 from lakestream.ops.verify import verify
@@ -202,7 +203,7 @@ def test_poll_catches_up_as_fast_as_refresh(tmp_path) -> None:
 
 
 def test_gc_with_a_short_grace_keeps_what_a_live_producer_has_yet_to_commit(tmp_path) -> None:
-    from lakestream.log.entries import fragment_key
+    from lakestream.log.keys import fragment_key
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
     p = Producer(s.uri, "slow")

@@ -8,7 +8,8 @@ import time
 
 import lakestream
 from lakestream.errors import NotFoundError
-from lakestream.log.entries import Fence, log_key, log_version
+from lakestream.log.entries import Fence
+from lakestream.log.keys import log_key, log_version
 from tests.helpers import SCHEMA, HookedStore, delta_ids, ids, rows
 
 WRITERS, APPENDS, ROWS = 4, 8, 2

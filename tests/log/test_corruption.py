@@ -10,7 +10,7 @@ import lakestream
 from lakestream.errors import CorruptLogError
 from lakestream.log.checksum import lines_checksum
 from lakestream.log.codec import decode_entry
-from lakestream.log.entries import log_key
+from lakestream.log.keys import log_key
 from lakestream.log.manifest import snapshot_key
 from lakestream.ops.verify import verify
 from tests.helpers import SCHEMA, ids, rows

@@ -22,15 +22,8 @@ from lakestream.errors import CorruptLogError
 from lakestream.log.actions import WRITER_FEATURE
 from lakestream.log.checksum import lines_checksum
 from lakestream.log.codec import decode_entry, encode_entry
-from lakestream.log.entries import (
-    Append,
-    Create,
-    FragmentRef,
-    StreamMeta,
-    is_delta_checkpoint_key,
-    log_key,
-    log_version,
-)
+from lakestream.log.entries import Append, Create, FragmentRef, StreamMeta
+from lakestream.log.keys import is_delta_checkpoint_key, log_key, log_version
 from lakestream.schema.conform import validate_schema
 from lakestream.schema.delta import delta_table_features
 

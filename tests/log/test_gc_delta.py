@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import lakestream
-from lakestream.log.entries import LOG_DIR, is_delta_checkpoint_key
+from lakestream.log.keys import LOG_DIR, is_delta_checkpoint_key
 from lakestream.store import LocalStore
 from tests.helpers import SCHEMA, delta_ids, rows
 

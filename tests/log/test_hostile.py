@@ -152,7 +152,7 @@ def _nested(depth: int) -> str:
 
 
 def test_deeply_nested_json_is_a_typed_error_or_ignored_where_advisory(tmp_path) -> None:
-    from lakestream.log.entries import log_key
+    from lakestream.log.keys import log_key
     from lakestream.log.manifest import HINT_KEY
     from lakestream.log.progress import progress_key, read_progress
     from lakestream.producers import Producer
@@ -182,7 +182,8 @@ def test_counts_past_int64_are_damage_not_data(tmp_path) -> None:
 
 
 def test_an_entry_larger_than_any_writer_makes_is_refused_unread(tmp_path) -> None:
-    from lakestream.log.entries import MAX_ENTRY_BYTES, log_key
+    from lakestream.log.entries import MAX_ENTRY_BYTES
+    from lakestream.log.keys import log_key
 
     s = _stream(tmp_path)
     s.store.put(log_key(s.version + 1), b"x" * (MAX_ENTRY_BYTES + 10), mode="create")
@@ -262,7 +263,7 @@ def test_a_fifo_or_folder_where_an_object_goes_never_blocks_a_reader(tmp_path, w
         (root / "_lakestream" / "_last_snapshot").unlink()
         (root / "_lakestream" / "_last_snapshot").mkdir()
     elif where == "next":
-        from lakestream.log.entries import log_key
+        from lakestream.log.keys import log_key
 
         _fifo(root / log_key(s.version + 1))
     else:

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 import lakestream
-from lakestream.log.entries import Fence, log_key
+from lakestream.log.entries import Fence
+from lakestream.log.keys import log_key
 from lakestream.log.manifest import HINT_KEY, snapshot_key
 from lakestream.log.opening import load_state
 from lakestream.log.tail import TAIL_WIDTH

@@ -12,7 +12,7 @@ from typing import Any
 
 import lakestream
 from lakestream.log import put as resolving
-from lakestream.log.entries import LOG_DIR
+from lakestream.log.keys import LOG_DIR
 from lakestream.log.opening import load_state
 from lakestream.store import open_store
 from lakestream.stream import Stream

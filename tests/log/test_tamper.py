@@ -22,10 +22,9 @@ from lakestream.log.entries import (
     Reclaim,
     Register,
     RemoveGroup,
-    fragment_key,
-    log_key,
 )
 from lakestream.log.fragments import encode_fragment
+from lakestream.log.keys import fragment_key, log_key
 from lakestream.log.manifest import snapshot_key
 from lakestream.producers import Producer
 from tests.helpers import DROP, SCHEMA, edit_entry, ids, put_entry, rows

@@ -18,7 +18,8 @@ from lakestream.errors import (
     StepNotAvailableError,
     StoreError,
 )
-from lakestream.log.entries import DATA_DIR, LOG_DIR, Checkpoint, Fence
+from lakestream.log.entries import Checkpoint, Fence
+from lakestream.log.keys import DATA_DIR, LOG_DIR
 from lakestream.log.manifest import snapshot_key
 from lakestream.log.opening import load_state
 from lakestream.log.segments import INDEX_DIR

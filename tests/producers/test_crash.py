@@ -16,7 +16,8 @@ import pytest
 import lakestream
 from lakestream.errors import NotFoundError
 from lakestream.failpoints import PRODUCER_NAMES
-from lakestream.log.entries import Append, log_key
+from lakestream.log.entries import Append
+from lakestream.log.keys import log_key
 from lakestream.log.tail import read_entry
 from tests.conftest import SOAK, seeds
 from tests.helpers import SCHEMA, ids

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 
 import lakestream
 from lakestream.errors import NotFoundError
-from lakestream.log.entries import Append, Compacted, log_key
+from lakestream.log.entries import Append, Compacted
+from lakestream.log.keys import log_key
 from lakestream.log.tail import read_entry
 
 Outcome = Literal["pending", "ok", "failed", "unknown"]

@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import lakestream
 from lakestream.errors import LakestreamError, StoreError
-from lakestream.log.entries import LOG_DIR
+from lakestream.log.keys import LOG_DIR
 from lakestream.log.opening import load_state
 from lakestream.log.replay import ReplayState
 from lakestream.log.snapshot import write_snapshot

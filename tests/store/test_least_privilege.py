@@ -79,7 +79,7 @@ def test_a_producers_grants_cannot_brick_gc_nor_rewrite_unseen(roles: SeaweedS3)
     retention role, no grace) delete the last readable snapshot; a plain PUT over a
     committed entry gave readers that opened before and after two histories."""
     from lakestream.errors import CorruptLogError
-    from lakestream.log.entries import log_key
+    from lakestream.log.keys import log_key
     from lakestream.log.manifest import snapshot_key
 
     producer, retention = roles.options(PRODUCER), roles.options(RETENTION)
