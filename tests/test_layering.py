@@ -46,7 +46,7 @@ LAYERS = {
     "read": (("read", "read.cache", "read.compact"),
              ("read.pages",),
              ("read.fastpages",),
-             ("read.tensors",),
+             ("read.tensors", "read.bounds"),
              ("read.fragments", "read.lineage"),
              ("read.ahead",),
              ("read.spans",),

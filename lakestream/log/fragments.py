@@ -141,7 +141,7 @@ def _codecs(schema: pa.Schema, compression: str, level: int | None
     but binary columns and columns of one fixed-width value a row (ids, rewards, versions),
     which are stored as they are: a few bytes a row gain nothing from a codec, and a
     reader bounds what an uncompressed fixed-width chunk decodes to from its footer alone,
-    without parsing its pages (``lakestream.read.fragments.decoded_bound``)."""
+    without parsing its pages (``lakestream.read.bounds.decoded_bound``)."""
     raw = [f.name for f in schema if pa.types.is_binary(f.type)
            or pa.types.is_large_binary(f.type) or _fixed_width(f.type)]
     if compression == "none" or not raw:

@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 
 import lakestream
-import lakestream.read.fragments
 from lakestream.errors import CorruptLogError, StoreError
 from tests.helpers import SCHEMA, ids, put_entry, rows
 
@@ -114,7 +113,7 @@ def _parquet(table: pa.Table) -> bytes:
 
 def test_a_small_fragment_that_decodes_huge_is_refused_before_it_is_decoded(
         tmp_path, monkeypatch) -> None:
-    import lakestream.read.fragments
+    import lakestream.read.bounds
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
     # Four rows of a million zeros each: a few KB on disk. Scaled down from the gigabytes
@@ -124,7 +123,7 @@ def test_a_small_fragment_that_decodes_huge_is_refused_before_it_is_decoded(
                               "reward": pa.array([0.0] * 4, pa.float32())}, schema=SCHEMA))
     assert len(body) < 100_000
     _commit_file(s, "data/evil/huge.parquet", body, 4)
-    monkeypatch.setattr(lakestream.read.fragments, "MAX_DECODED_BYTES_PER_ROW", 1 << 20)
+    monkeypatch.setattr(lakestream.read.bounds, "MAX_DECODED_BYTES_PER_ROW", 1 << 20)
     before = pa.total_allocated_bytes()
     t0 = time.monotonic()
     with pytest.raises(CorruptLogError, match="would decode to up to"):

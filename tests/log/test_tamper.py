@@ -392,6 +392,7 @@ def test_a_footer_that_lies_about_its_sizes_bounds_nothing(tmp_path, monkeypatch
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    import lakestream.read.bounds as bounds
     import lakestream.read.fragments as fragments
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B)
@@ -420,7 +421,7 @@ def test_a_footer_that_lies_about_its_sizes_bounds_nothing(tmp_path, monkeypatch
             self.metadata = Lying(real(*args).metadata)
 
     monkeypatch.setattr(fragments, "_reader", LyingReader)
-    monkeypatch.setattr(fragments, "MAX_DECODED_BYTES_PER_ROW", 1 << 20)
+    monkeypatch.setattr(bounds, "MAX_DECODED_BYTES_PER_ROW", 1 << 20)
     with pytest.raises(CorruptLogError, match="would decode to up to"):
         lakestream.open(s.uri).read_step(0)
     assert Lying(pq.read_metadata(pa.BufferReader(s.store.get(
@@ -444,7 +445,7 @@ def test_values_that_share_one_dictionary_entry_count_it_once_a_row(tmp_path,
     (Scaled down: 4 MB, the bound 2 MB a row.)"""
     import pyarrow as pa
 
-    import lakestream.read.fragments as fragments
+    import lakestream.read.bounds as bounds
 
     schema = pa.schema([("id", pa.int64()), ("blob", pa.binary())])
     s = lakestream.create(str(tmp_path / "s"), schema, global_batch_size=B)
@@ -452,8 +453,8 @@ def test_values_that_share_one_dictionary_entry_count_it_once_a_row(tmp_path,
     table = pa.table({"id": pa.array(range(B), pa.int64()), "blob": pa.array([big] * B)},
                      schema=schema)
     _commit_parquet(s, table, compression="zstd", use_dictionary=["blob"])
-    monkeypatch.setattr(fragments, "MAX_DECODED_BYTES_PER_ROW", 2 << 20)
+    monkeypatch.setattr(bounds, "MAX_DECODED_BYTES_PER_ROW", 2 << 20)
     with pytest.raises(CorruptLogError, match="would decode to up to"):
         lakestream.open(s.uri).read_step(0)
-    monkeypatch.setattr(fragments, "MAX_DECODED_BYTES_PER_ROW", 8 << 20)
+    monkeypatch.setattr(bounds, "MAX_DECODED_BYTES_PER_ROW", 8 << 20)
     assert lakestream.open(s.uri).read_step(0).column("blob").to_pylist() == [big] * B

@@ -227,7 +227,7 @@ def test_a_footer_whose_row_group_has_other_columns_than_the_schema_is_refused()
     footer before touching a column."""
     from types import SimpleNamespace
 
-    from lakestream.read.fragments import check_footer
+    from lakestream.read.bounds import check_footer
 
     def column(j: int) -> object:
         raise AssertionError("a column chunk was read")

@@ -155,7 +155,7 @@ VARIANTS = [VALID, _valid_fragment(compression="zstd", use_dictionary=True),
 
 def _page_headers(body: bytes) -> list[int]:
     """Where the page headers of ``body`` start (the bytes worth mutating most)."""
-    from lakestream.read.fragments import chunk_range
+    from lakestream.read.bounds import chunk_range
     from lakestream.read.pages import column_chunk_pages
 
     md = pq.ParquetFile(pa.BufferReader(body)).metadata
