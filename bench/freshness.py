@@ -59,14 +59,8 @@ def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
     groups = [_group(k, n) for n in range(8)]
     sent: list[float] = []
     landed: list[tuple[float, int]] = []  # (when, last seq) of each commit, as the writer saw
-    with Producer(uri, f"p{k}", storage_options=options) as p:
-        on_committed = p._on_committed
-
-        def noted(last_seq: int, *args: Any) -> None:
-            landed.append((time.time(), last_seq))
-            on_committed(last_seq, *args)
-
-        p._on_committed = noted  # type: ignore[method-assign]
+    with Producer(uri, f"p{k}", storage_options=options,
+                  on_commit=lambda seq: landed.append((time.time(), seq))) as p:
         time.sleep(max(0.0, start_at - time.time()))
         for n in range(int(duration * rate)):
             time.sleep(max(0.0, start_at + n / rate - time.time()))

@@ -1,26 +1,27 @@
 """What the core offers a producer SDK (``lakestream.producers``), and all it may use below
-the ``Stream`` façade: the records a producer commits (its fence and appends) and their
-checks, encoding and putting a fragment, checking data against the schema, its progress
-reads, and the crash points its tests arm. Everything else in the core is the core's own
-and may change; ``tests/test_layering.py`` holds the SDK to this list."""
+the ``Stream`` façade: the builds of what a producer commits (its fence, and its appends,
+with the seal, fence and seq checks made on the state they commit on), encoding and
+putting a fragment, checking data against the schema, its progress reads, and the crash
+points its tests arm. Everything else in the core is the core's own and may change;
+``tests/test_layering.py`` holds the SDK to this list."""
 
 from __future__ import annotations
 
 from lakestream.checks import check_int
 from lakestream.failpoints import failpoint
-from lakestream.log import Append, Entry, FragmentRef
+from lakestream.log.commits import appending, fencing
 from lakestream.log.entries import MAX_FRAGMENTS_PER_ENTRY, Fence, check_state
 from lakestream.log.fragments import check_rows, encode_fragment, put_fragment, row_group_target
 from lakestream.log.keys import check_group, check_producer_id, fragment_key
 from lakestream.log.progress import Progress, read_progress
-from lakestream.log.replay import ReplayState, refuse_if_sealed
+from lakestream.log.replay import refuse_if_sealed
 from lakestream.log.transaction import CommitOptions
 from lakestream.schema.conform import conform, oversized_sample
 from lakestream.store.base import ObjectStore
 from lakestream.store.local import LocalStore
 
-__all__ = ["MAX_FRAGMENTS_PER_ENTRY", "Append", "CommitOptions", "Entry", "Fence", "FragmentRef",
-           "LocalStore", "ObjectStore", "Progress", "ReplayState", "check_group", "check_int",
-           "check_producer_id", "check_rows", "check_state", "conform", "encode_fragment",
-           "failpoint", "fragment_key", "oversized_sample", "put_fragment", "read_progress",
+__all__ = ["MAX_FRAGMENTS_PER_ENTRY", "CommitOptions", "Fence", "LocalStore", "ObjectStore",
+           "Progress", "appending", "check_group", "check_int", "check_producer_id",
+           "check_rows", "check_state", "conform", "encode_fragment", "failpoint", "fencing",
+           "fragment_key", "oversized_sample", "put_fragment", "read_progress",
            "refuse_if_sealed", "row_group_target"]

@@ -5,15 +5,16 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lakestream.errors import ProducerFencedError
+from lakestream.producers.inflight import InFlight
+from lakestream.producers.options import ProducerOptions
 from lakestream.producers.policy import IntervalController
-from lakestream.writing import Append, Entry, FragmentRef, ReplayState, refuse_if_sealed
-
-if TYPE_CHECKING:
-    from lakestream.producers.producer import Producer
+from lakestream.producers.stats import ProducerStats
+from lakestream.stream import Stream
+from lakestream.writing import appending
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,14 @@ class Committer(threading.Thread):
     backoff.
     """
 
-    def __init__(self, producer: Producer) -> None:
-        super().__init__(name=f"lakestream-commit-{producer.producer_id}", daemon=True)
-        self._p = producer
-        o = producer.options
+    def __init__(self, stream: Stream, producer_id: str, epoch: int, options: ProducerOptions,
+                 stats: ProducerStats, inflight: InFlight, upload_threads: int,
+                 on_commit: Callable[[int], None] | None = None) -> None:
+        super().__init__(name=f"lakestream-commit-{producer_id}", daemon=True)
+        self._stream, self._producer_id, self._epoch = stream, producer_id, epoch
+        self._stats, self._inflight, self._upload_threads = stats, inflight, upload_threads
+        self._on_commit = on_commit
+        o = options
         self._adaptive = o.commit_policy == "adaptive"
         self._batch_limit = o.max_fragments_per_commit if self._adaptive else 1
         self._commit_options = o.commit if self._adaptive else dataclasses.replace(
@@ -71,7 +76,7 @@ class Committer(threading.Thread):
         self._ready: dict[int, Uploaded] = {}
         self._cond = threading.Condition()
         self._stopping = False
-        self._next = producer.committed_seq + 1
+        self._next = inflight.committed_seq + 1
 
     def ready(self, fragment: Uploaded) -> None:
         with self._cond:
@@ -116,7 +121,7 @@ class Committer(threading.Thread):
             return batch
 
     def run(self) -> None:
-        p = self._p
+        stream = self._stream
         wait_s, gap_s, contended, first = 0.0, 0.0, False, True
         mine = -1  # the version our previous commit landed at
         try:
@@ -129,8 +134,9 @@ class Committer(threading.Thread):
                 # first (after the floor of min_interval_s, not a wait of DAC's). Before
                 # the first commit the view may be as old as the producer.
                 cpu_s = time.thread_time()
-                result = p.stream.commit(
-                    self._build(batch), self._commit_options,
+                result = stream.commit(
+                    appending(stream.uri, self._producer_id, self._epoch, batch),
+                    self._commit_options,
                     catch_up=self._adaptive and (wait_s > 0 or contended or first))
                 cpu_s = time.thread_time() - cpu_s
                 if result is not None:
@@ -138,9 +144,9 @@ class Committer(threading.Thread):
                     # Rival producers, not entries: those whose appends landed since our
                     # previous commit, however they were folded in (this commit's catch-up
                     # and lost races, or the writer's own refreshes).
-                    rivals = p.stream.state.writers_since(mine, besides=p.producer_id)
+                    rivals = stream.state.writers_since(mine, besides=self._producer_id)
                     mine = result.version
-                    p.stats.add_commit(result.attempts, result.conflicts, len(batch),
+                    self._stats.add_commit(result.attempts, result.conflicts, len(batch),
                                        result.latency_s)
                     contended = result.conflicts > 0
                     if self._adaptive:
@@ -151,35 +157,14 @@ class Committer(threading.Thread):
                         # are uploading), the CPU a commit takes from them.
                         with self._cond:
                             ready = len(self._ready)
-                        waiting = p._inflight - len(batch) - ready  # not uploaded yet
+                        # not uploaded yet:
+                        waiting = self._inflight.fragments - len(batch) - ready
                         wait_s = self._controller.observe(
                             result.store_s, rivals, cpu_s=cpu_s,
-                            bound=waiting > p.upload_threads)
+                            bound=waiting > self._upload_threads)
                         gap_s = max(GAP_WINDOWS * result.window_s, self._min_gap_s)
-                p._on_committed(batch[-1].seq, batch[-1].state, batch)
+                self._inflight.committed(batch, batch[-1].seq, batch[-1].state)
+                if self._on_commit is not None:
+                    self._on_commit(batch[-1].seq)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call
-            p._fail(e)
-
-    def _build(self, batch: list[Uploaded]) -> Any:
-        p = self._p
-
-        def build(state: ReplayState, commit_id: str) -> Entry | None:
-            refuse_if_sealed(state, p.uri)
-            mine = state.producers.get(p.producer_id)
-            if mine is not None and mine.epoch > p.epoch:
-                raise ProducerFencedError(
-                    f"producer {p.producer_id} epoch {p.epoch} was fenced by epoch "
-                    f"{mine.epoch} at or before version {state.version} of {p.uri}: a newer "
-                    "instance is running; stop this one"
-                )
-            committed = mine.seq if mine is not None else -1
-            fresh = [u for u in batch if u.seq > committed]  # re-sent seqs are dropped
-            if not fresh:
-                return None
-            refs, offset = [], state.next_offset
-            for u in fresh:
-                refs.append(FragmentRef(u.key, u.rows, u.size, offset, u.seq, u.crc32))
-                offset += u.rows
-            return Append(p.producer_id, p.epoch, tuple(refs), fresh[-1].state, commit_id)
-
-        return build
+            self._inflight.fail(e)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
@@ -15,16 +15,15 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import LakestreamError, TooLargeError
 from lakestream.producers.committer import Committer, Uploaded
+from lakestream.producers.inflight import InFlight
 from lakestream.producers.options import ProducerOptions
 from lakestream.producers.stats import ProducerStats
 from lakestream.stream import Stream
 from lakestream.writing import (
-    Entry,
     Fence,
     LocalStore,
     ObjectStore,
     Progress,
-    ReplayState,
     check_group,
     check_int,
     check_producer_id,
@@ -33,6 +32,7 @@ from lakestream.writing import (
     conform,
     encode_fragment,
     failpoint,
+    fencing,
     fragment_key,
     oversized_sample,
     put_fragment,
@@ -70,7 +70,8 @@ class Producer:
     def __init__(self, uri: str, producer_id: str, *,
                  storage_options: dict[str, str] | None = None,
                  options: ProducerOptions | None = None, max_lag_steps: int | None = None,
-                 progress_group: str = "train") -> None:
+                 progress_group: str = "train",
+                 on_commit: Callable[[int], None] | None = None) -> None:
         """Opens the stream and fences every older instance of ``producer_id``.
 
         Args:
@@ -80,6 +81,9 @@ class Producer:
             max_lag_steps: if set, ``write`` waits while committed steps are more than this
                 many ahead of ``progress_group``'s published progress.
             progress_group: the consumer group whose progress bounds the lag.
+            on_commit: called with the last seq of each commit once it landed, in the
+                committer thread (as a Kafka producer's delivery callback is): keep it
+                short; what it raises fails the producer.
 
         Raises:
             ValueError: a bad id, group or bound.
@@ -94,19 +98,12 @@ class Producer:
         self._stream = Stream.open(uri, storage_options=storage_options)
         self._row_group_bytes = row_group_target(self._stream.schema)
         self._pid = os.getpid()
-        fenced = self._stream.commit(self._fence, self.options.commit)
+        fenced = self._stream.commit(fencing(self.producer_id), self.options.commit)
         if fenced is None or not isinstance(fenced.entry, Fence):  # kept under python -O
             raise LakestreamError(f"producer {producer_id}: opening committed no fence")
         self.epoch = fenced.entry.epoch
         mine = self._stream.state.producers[self.producer_id]
-        self._cond = threading.Condition()
-        self._committed_seq = mine.seq
-        self._committed_state: Any = mine.state
-        self._next_seq = mine.seq + 1
-        self._last_state: Any = mine.state
-        self._inflight = 0
-        self._inflight_bytes = 0
-        self._pending_rows = 0
+        self._inflight = InFlight(mine.seq, mine.state)
         o = self.options
         self.upload_threads = o.upload_threads or upload_threads_for(self._stream.store)
         self._upload_ahead = (1 if o.commit_policy == "per-fragment"
@@ -116,7 +113,6 @@ class Producer:
         encoding only takes the CPU the commits need (it could otherwise encode a thousand
         fragments ahead of them). A group commit is bounded by its in-flight budget alone,
         which its half-budget trigger counts on."""
-        self._error: BaseException | None = None
         self._closed = False
         self._progress_at: float | None = None
         """When ``_progress`` was read (monotonic), None before the first read."""
@@ -124,12 +120,9 @@ class Producer:
         self._admitted = False
         self._pool = ThreadPoolExecutor(self.upload_threads,
                                         thread_name_prefix=f"lakestream-upload-{producer_id}")
-        self._committer = Committer(self)
+        self._committer = Committer(self._stream, self.producer_id, self.epoch, o, self.stats,
+                                    self._inflight, self.upload_threads, on_commit)
         self._committer.start()
-
-    def _fence(self, state: ReplayState, commit_id: str) -> Entry:
-        current = state.producers.get(self.producer_id)
-        return Fence(self.producer_id, (current.epoch if current else 0) + 1, commit_id)
 
     # -- what the user sees -------------------------------------------------------------
 
@@ -145,14 +138,12 @@ class Producer:
     @property
     def state(self) -> Any:
         """The user state committed with this producer's last committed fragment, or None."""
-        with self._cond:
-            return self._committed_state
+        return self._inflight.committed_state
 
     @property
     def committed_seq(self) -> int:
         """The last committed seq of this producer (-1 if none)."""
-        with self._cond:
-            return self._committed_seq
+        return self._inflight.committed_seq
 
     def write(self, data: Any, state: Any = None) -> int:
         """Queues ``data`` as one fragment; returns its seq at once.
@@ -174,47 +165,39 @@ class Producer:
             LakestreamError: a background upload or commit failed (re-raised here).
         """
         self._check()
-        refuse_if_sealed(self._stream.state, self.uri)
-        table = conform(data, self._stream.schema, where=f"producer {self.producer_id}")
-        rows = check_rows(table.num_rows, self._stream.group_size,
-                          f"producer {self.producer_id}")
-        nbytes = table.nbytes
-        if nbytes > self.options.max_fragment_bytes:
-            raise TooLargeError(f"producer {self.producer_id}: a fragment of {nbytes} bytes "
-                             f"exceeds max_fragment_bytes={self.options.max_fragment_bytes}; "
-                             "split the write")
-        oversized = oversized_sample(table, self.options.max_sample_bytes)
-        if oversized is not None:
-            row, size = oversized
-            raise TooLargeError(f"producer {self.producer_id}: sample {row} of the write is about "
-                             f"{size} bytes, over max_sample_bytes="
-                             f"{self.options.max_sample_bytes}; drop or truncate it")
-        if state is not None:
-            check_state(state)  # before anything is uploaded
+        table = self._checked(data, state)
         if not self._admitted:
             self.wait_for_lag()
         self._admitted = False
-        o = self.options
-        with self._cond:
-            while self._error is None and self._inflight and (
-                    self._inflight >= o.max_inflight_fragments
-                    or self._inflight_bytes + nbytes > o.max_inflight_bytes):
-                self._cond.wait(0.5)
-            self._raise_error()
-            seq = self._next_seq
-            self._next_seq += 1
-            self._inflight += 1
-            self._inflight_bytes += nbytes
-            self._pending_rows += rows
-            if state is not None:
-                self._last_state = state
-            carried = self._last_state
-            # Under the lock: the pool gets seqs in order even from several writer threads,
-            # which the upload window relies on (a seq behind blocked threads would wait
-            # for ever).
-            self._pool.submit(self._upload, seq, table, carried, nbytes)
+        o, nbytes, rows = self.options, table.nbytes, table.num_rows
+        seq = self._inflight.admit(
+            nbytes, rows, state, max_fragments=o.max_inflight_fragments,
+            max_bytes=o.max_inflight_bytes,
+            submit=lambda seq, carried: self._pool.submit(self._upload, seq, table, carried,
+                                                          nbytes))
         self.stats.add(writes=1, rows=rows)
         return seq
+
+    def _checked(self, data: Any, state: Any) -> pa.Table:
+        """``data`` as a table of the stream's schema, everything ``write`` refuses refused
+        before anything is uploaded."""
+        refuse_if_sealed(self._stream.state, self.uri)
+        who = f"producer {self.producer_id}"
+        table = conform(data, self._stream.schema, where=who)
+        check_rows(table.num_rows, self._stream.group_size, who)
+        o = self.options
+        if table.nbytes > o.max_fragment_bytes:
+            raise TooLargeError(f"{who}: a fragment of {table.nbytes} bytes exceeds "
+                                f"max_fragment_bytes={o.max_fragment_bytes}; split the write")
+        oversized = oversized_sample(table, o.max_sample_bytes)
+        if oversized is not None:
+            row, size = oversized
+            raise TooLargeError(f"{who}: sample {row} of the write is about {size} bytes, "
+                                f"over max_sample_bytes={o.max_sample_bytes}; drop or "
+                                "truncate it")
+        if state is not None:
+            check_state(state)
+        return table
 
     def flush(self, timeout: float | None = None) -> None:
         """Returns when everything written so far is committed.
@@ -224,23 +207,14 @@ class Producer:
             ProducerFencedError, LakestreamError: a background failure.
         """
         self._check()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            target = self._next_seq - 1
-            while self._committed_seq < target and self._error is None:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"producer {self.producer_id}: seq {target} not "
-                                       f"committed within {timeout}s")
-                self._cond.wait(0.5 if left is None else min(0.5, left))
-            self._raise_error()
+        self._inflight.wait_committed(timeout, f"producer {self.producer_id}")
 
     def close(self) -> None:
         """Flushes, then stops the background threads. Idempotent."""
         if self._closed:
             return
         try:
-            if self._error is None and os.getpid() == self._pid:
+            if not self._inflight.failed and os.getpid() == self._pid:
                 self.flush()
         finally:
             self._shutdown()
@@ -278,8 +252,7 @@ class Producer:
         self._closed = True
         if os.getpid() != self._pid:
             return  # a forked copy: the threads belong to the parent
-        with self._cond:
-            self._cond.notify_all()  # uploads waiting for commits stop waiting
+        self._inflight.close()  # uploads waiting for commits stop waiting
         self._committer.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._committer.join()
@@ -290,28 +263,11 @@ class Producer:
                                   f"{self._pid}; create a Producer in each process")
         if self._closed:
             raise LakestreamError(f"producer {self.producer_id} is closed")
-        with self._cond:
-            self._raise_error()
-
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def _fail(self, error: BaseException) -> None:
-        with self._cond:
-            if self._error is None:
-                self._error = error
-            self._cond.notify_all()
+        self._inflight.check()
 
     def _upload(self, seq: int, table: pa.Table, state: Any, nbytes: int) -> None:
-        with self._cond:
-            # A window of seqs, not a count: the lowest seq not committed may always go, so
-            # the commits this waits for can always happen.
-            while seq > self._committed_seq + self._upload_ahead and self._error is None \
-                    and not self._closed:
-                self._cond.wait(0.5)
-            if self._error is not None or self._closed:
-                return  # failed or aborted: it stays uncommitted
+        if not self._inflight.upload_turn(seq, self._upload_ahead):
+            return  # failed or aborted: it stays uncommitted
         try:
             failpoint("before_upload")
             body = encode_fragment(table, self._stream.group_size,
@@ -325,24 +281,14 @@ class Producer:
             self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes,
                                            zlib_ng.crc32(body)))
         except BaseException as e:  # noqa: BLE001 - surfaced on the caller's next call
-            self._fail(e)
-
-    def _on_committed(self, last_seq: int, state: Any, fragments: list[Uploaded]) -> None:
-        with self._cond:
-            self._committed_seq = max(self._committed_seq, last_seq)
-            self._committed_state = state
-            self._inflight -= len(fragments)
-            self._inflight_bytes -= sum(u.nbytes for u in fragments)
-            self._pending_rows -= sum(u.rows for u in fragments)
-            self._cond.notify_all()
+            self._inflight.fail(e)
 
     def _lag_steps(self) -> int:
         """Whole steps ahead of the group's progress, counting this producer's own writes
         that are not committed yet (a backlog waiting for its commit lands in later steps).
         Whole steps: a step partly filled is the one the trainer waits for, and with
         ``max_lag_steps=0`` a producer must be able to fill it."""
-        with self._cond:
-            pending = self._pending_rows
+        pending = self._inflight.rows
         b = self._stream.global_batch_size
         progress = self.trainer_progress()
         return (self._stream.num_samples + pending) // b - (progress.step if progress else 0)

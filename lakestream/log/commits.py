@@ -1,5 +1,6 @@
-"""The entries a stream handle commits beside producers' appends: a table appended as one
-fragment, a checkpoint marker, a consumer group's registration and removal, the seal.
+"""The entries a stream commits: appends (a producer's fragments, or a table appended as one
+fragment by the handle), a producer's fence, a checkpoint marker, a consumer group's
+registration and removal, the seal.
 
 Each entry is made by a ``Build`` that runs on the state it would commit on, so its
 precondition is checked on exactly that state (a ``retain`` landing first makes a marker
@@ -9,16 +10,18 @@ fail, never point at reclaimed data); see ``lakestream.log.transaction``.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 from zlib_ng import zlib_ng
 
 from lakestream.checks import check_int
-from lakestream.errors import LakestreamError, StepNotAvailableError
+from lakestream.errors import LakestreamError, ProducerFencedError, StepNotAvailableError
 from lakestream.log.entries import (
     Append,
     Checkpoint,
     Entry,
+    Fence,
     FragmentRef,
     Register,
     RemoveGroup,
@@ -32,6 +35,82 @@ from lakestream.log.view import LogView
 from lakestream.schema.conform import conform
 
 log = logging.getLogger("lakestream")
+
+
+class Uploaded(Protocol):
+    """A fragment in the store, waiting for the append that commits it."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def crc32(self) -> int: ...
+    @property
+    def state(self) -> Any: ...
+
+
+class Stored(NamedTuple):
+    """An ``Uploaded`` fragment as plain values."""
+
+    key: str
+    rows: int
+    size: int
+    seq: int
+    crc32: int
+    state: Any
+
+
+def fencing(producer: str) -> Build:
+    """The fence of a producer's next instance: the epoch after the log's, which voids the
+    later commits of every older instance."""
+
+    def build(state: ReplayState, commit_id: str) -> Entry:
+        current = state.producers.get(producer)
+        return Fence(producer, (current.epoch if current else 0) + 1, commit_id)
+
+    return build
+
+
+def appending(uri: str, producer: str | None, epoch: int,
+              fragments: Sequence[Uploaded]) -> Build:
+    """The append of ``fragments`` (in the store, in seq order) by ``producer`` at ``epoch``
+    (None: a plain append, of no producer), made on the state it commits on: refused on a
+    sealed stream, and for a producer a newer instance fenced; the seqs the log holds from
+    this producer already dropped (a commit whose answer was lost, sent again), nothing if
+    that is all of them; offsets from the state's next one; the last fragment's ``state``
+    committed with them.
+
+    Raises:
+        StreamSealedError: the stream is sealed. ProducerFencedError: a newer epoch of
+            ``producer`` is in the log.
+    """
+
+    def build(state: ReplayState, commit_id: str) -> Entry | None:
+        refuse_if_sealed(state, uri)
+        fresh = list(fragments)
+        if producer is not None:
+            mine = state.producers.get(producer)
+            if mine is not None and mine.epoch > epoch:
+                raise ProducerFencedError(
+                    f"producer {producer} epoch {epoch} was fenced by epoch {mine.epoch} at "
+                    f"or before version {state.version} of {uri}: a newer instance is "
+                    "running; stop this one")
+            committed = mine.seq if mine is not None else -1
+            fresh = [u for u in fresh if u.seq > committed]
+        if not fresh:
+            return None
+        refs, offset = [], state.next_offset
+        for u in fresh:
+            refs.append(FragmentRef(u.key, u.rows, u.size, offset, u.seq, u.crc32))
+            offset += u.rows
+        return Append(producer, epoch, tuple(refs), fresh[-1].state, commit_id)
+
+    return build
 
 
 def append_table(view: LogView, data: Any, options: CommitOptions | None = None) -> int:
@@ -52,12 +131,8 @@ def append_table(view: LogView, data: Any, options: CommitOptions | None = None)
     crc = zlib_ng.crc32(body)
     put_fragment(view.store, key, body)
 
-    def build(state: ReplayState, commit_id: str) -> Entry:
-        refuse_if_sealed(state, uri)
-        ref = FragmentRef(key, rows, len(body), state.next_offset, 0, crc)
-        return Append(None, 0, (ref,), None, commit_id)
-
-    outcome = view.transact(build, options)
+    outcome = view.transact(appending(uri, None, 0, [Stored(key, rows, len(body), 0, crc, None)]),
+                            options)
     if outcome.definite_failure:
         try:
             view.store.delete(key)  # a definite failure: nothing can name the file

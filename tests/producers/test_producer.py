@@ -436,7 +436,8 @@ def test_the_committer_is_woken_only_when_it_can_act(tmp_path) -> None:
     uri = str(tmp_path / "s")
     lakestream.create(uri, SCHEMA, global_batch_size=4)
     with Producer(uri, "w", options=ProducerOptions(max_inflight_fragments=8)) as p:
-        c = Committer(p)  # not started: only its hand-off is exercised
+        # not started: only its hand-off is exercised
+        c = Committer(p.stream, "w", p.epoch, p.options, p.stats, p._inflight, 1)
         woken: list[int] = []
         real = c._cond.notify_all
         c._cond.notify_all = lambda: (woken.append(1), real())[1]  # type: ignore[method-assign]
@@ -510,3 +511,26 @@ def test_the_commit_floor_and_dac_s_cap_are_set_independently() -> None:
     for bad in ({"min_interval_s": -0.1}, {"max_interval_s": -1.0}):
         with pytest.raises(ValueError, match="must be >= 0"):
             ProducerOptions(**bad)  # type: ignore[arg-type]
+
+
+def test_on_commit_is_told_each_commit_and_a_failure_in_it_fails_the_producer(tmp_path) -> None:
+    """``on_commit`` hears the last seq of every commit, in order, up to the last write; what
+    it raises is the producer's failure, raised by its next call."""
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    heard: list[int] = []
+    with Producer(uri, "w", on_commit=heard.append) as p:
+        for k in range(20):
+            p.write(rows(k * 4, 4))
+        p.flush()
+    assert heard and heard == sorted(heard) and heard[-1] == 19
+    assert len(set(heard)) == len(heard)
+
+    def refuse(seq: int) -> None:
+        raise RuntimeError(f"the callback refused seq {seq}")
+
+    p = Producer(uri, "w", on_commit=refuse)
+    p.write(rows(80, 4))
+    with pytest.raises(RuntimeError, match="the callback refused seq 20"):
+        p.flush()
+    p.abort()
