@@ -84,6 +84,26 @@ def _parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"lakestream {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_create(sub)
+    _add_upkeep(sub)
+    _add_inspection(sub)
+    _add_import(sub)
+    sub.add_parser("demo", help="run producers and a trainer on a local stream of its own "
+                   "(needs torch); takes no options")
+    for name, p in sub.choices.items():
+        if name == "demo":
+            continue
+        p.add_argument("-o", "--option", action="append", default=[], type=parse_option,
+                       help="storage option KEY=VALUE (e.g. AWS_ENDPOINT_URL=...); never a "
+                       "secret: credentials come from the environment or an AWS profile")
+        p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    return parser
+
+
+_Verbs = argparse._SubParsersAction  # the parser of verbs (argparse names no public type)
+
+
+def _add_create(sub: _Verbs) -> None:
     p = sub.add_parser("create", help="create a stream")
     p.add_argument("uri", help="a local path, file://... or s3://bucket/prefix")
     p.add_argument("--schema", required=True,
@@ -99,6 +119,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--snapshot-interval", type=int, default=100,
                    help="a snapshot every K versions, so that opening reads at most about K "
                         "log entries. Default: %(default)s")
+
+
+def _add_upkeep(sub: _Verbs) -> None:
+    """status, group, retain and gc: a stream's consumer groups and what they hold."""
     p = sub.add_parser("status", help="show a stream's state and every consumer group")
     p.add_argument("uri")
     p.add_argument("--keep-last", type=int, default=2, help=_KEEP_LAST + ", for the "
@@ -117,6 +141,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=parse_duration, default=3600.0,
                    help="how long after it was reclaimed or written a file is kept: seconds, "
                    "or e.g. 30s, 10m, 1h, 2d (default: 1h)")
+
+
+def _add_inspection(sub: _Verbs) -> None:
+    """tail, lineage and verify: following and checking a stream."""
     p = sub.add_parser("tail", help="follow a stream live: new steps, producers, lag")
     p.add_argument("uri")
     p.add_argument("--interval", type=parse_interval, default=1.0,
@@ -131,6 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, required=True, help="the global batch to trace")
     p = sub.add_parser("verify", help="read and check every log entry, snapshot and fragment")
     p.add_argument("uri")
+
+
+def _add_import(sub: _Verbs) -> None:
     p = sub.add_parser("import", help="bring an existing dataset into a stream, exactly once: "
                        "run again, it resumes where it stopped")
     p.add_argument("uri")
@@ -152,16 +183,6 @@ def _parser() -> argparse.ArgumentParser:
                    "does not exist")
     p.add_argument("--group-size", type=int, default=1,
                    help="G, for a stream it creates (default: %(default)s)")
-    sub.add_parser("demo", help="run producers and a trainer on a local stream of its own "
-                   "(needs torch); takes no options")
-    for name, p in sub.choices.items():
-        if name == "demo":
-            continue
-        p.add_argument("-o", "--option", action="append", default=[], type=parse_option,
-                       help="storage option KEY=VALUE (e.g. AWS_ENDPOINT_URL=...); never a "
-                       "secret: credentials come from the environment or an AWS profile")
-        p.add_argument("--json", action="store_true", help="print JSON for scripts")
-    return parser
 
 
 def _out(args: argparse.Namespace, info: dict[str, Any], text: str) -> None:
