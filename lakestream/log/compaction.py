@@ -94,46 +94,11 @@ def compact(store: ObjectStore, state: ReplayState, now: float, cutoff: float,
     if not sound:
         return  # no snapshot a reader could open from: keep the whole log
     newest = sound[0]
-    # Keep the snapshot before it too, as a fallback should the newest be damaged.
-    keep_from = sound[1] if len(sound) > 1 else newest
-    if delta_checkpoint_version is None:
-        return  # without a Delta checkpoint, Delta readers need every entry
-    # Delta readers start from the checkpoint _last_checkpoint names, which another gc or
-    # another engine may have rewritten since ours: keep everything from it on.
-    pointed = read_version_pointer(store, LAST_CHECKPOINT_KEY)
-    if pointed is None:
+    kept = _kept_from(store, state, sound, cutoff, delta_checkpoint_version)
+    if kept is None:
         return
-    keep_from = min(keep_from, delta_checkpoint_version, pointed)
-    # The floor is only a note of what an earlier gc compacted: never above what this one
-    # keeps, and nothing below it is deleted unless it is read as a tombstone.
-    pointer = read_version_pointer(store, COMPACTED_KEY)
-    floor = min(pointer or 0, keep_from)
-    for v in [v for v in state.reclaim_versions if floor <= v < keep_from]:
-        try:
-            if store.head(log_key(v)).last_modified > cutoff:
-                keep_from = min(keep_from, v)  # a recent reclaim: readers may still use it
-        except NotFoundError:
-            continue
-    live: list[tuple[int, ObjectMeta]] = []
-    expired: list[ObjectMeta] = []
-    checkpoints: list[ObjectMeta] = []
-    for meta in store.list(LOG_DIR):
-        checkpoint = is_delta_checkpoint_key(meta.key)
-        if checkpoint is not None:
-            # Delta readers start from _last_checkpoint, which names one at or after
-            # keep_from: older checkpoints only pile up (one per gc).
-            if checkpoint < keep_from:
-                checkpoints.append(meta)
-            continue
-        try:
-            v = log_version(meta.key)
-        except ValueError:
-            continue  # _last_checkpoint and whatever else other engines keep there
-        if v < floor:
-            if meta.last_modified <= now - TOMBSTONE_TTL_S:
-                expired.append(meta)
-        elif v < keep_from:
-            live.append((v, meta))
+    keep_from, floor, pointer = kept
+    live, expired, checkpoints = _listed(store, now, keep_from, floor)
     # In version order, up to the first entry still in its grace: the tombstones are then
     # every version below the new floor.
     compacted = floor
@@ -159,6 +124,72 @@ def compact(store: ObjectStore, state: ReplayState, now: float, cutoff: float,
                 report.tombstones += 1
         elif meta.last_modified <= cutoff and _tombstone(store, v, newest):
             report.log_entries += 1
+    _delete_older(store, keep_from, cutoff, checkpoints, report)
+
+
+def _kept_from(store: ObjectStore, state: ReplayState, sound: list[int], cutoff: float,
+               delta_checkpoint_version: int | None) -> tuple[int, int, int | None] | None:
+    """The first version the log keeps whole, the floor below which an earlier gc left only
+    tombstones, and the floor's pointer as stored (None if none); None where nothing may be
+    compacted (no Delta checkpoint, or none that ``_last_checkpoint`` names).
+
+    The newest sound snapshot is kept, and the one before it as a fallback should the newest
+    be damaged; so is every entry from the Delta checkpoint readers start from, and every
+    reclaim still in its grace (readers may still use it)."""
+    keep_from = sound[1] if len(sound) > 1 else sound[0]
+    if delta_checkpoint_version is None:
+        return None  # without a Delta checkpoint, Delta readers need every entry
+    # Delta readers start from the checkpoint _last_checkpoint names, which another gc or
+    # another engine may have rewritten since ours: keep everything from it on.
+    pointed = read_version_pointer(store, LAST_CHECKPOINT_KEY)
+    if pointed is None:
+        return None
+    keep_from = min(keep_from, delta_checkpoint_version, pointed)
+    # The floor is only a note of what an earlier gc compacted: never above what this one
+    # keeps, and nothing below it is deleted unless it is read as a tombstone.
+    pointer = read_version_pointer(store, COMPACTED_KEY)
+    floor = min(pointer or 0, keep_from)
+    for v in [v for v in state.reclaim_versions if floor <= v < keep_from]:
+        try:
+            if store.head(log_key(v)).last_modified > cutoff:
+                keep_from = min(keep_from, v)  # a recent reclaim: readers may still use it
+        except NotFoundError:
+            continue
+    return keep_from, floor, pointer
+
+
+def _listed(store: ObjectStore, now: float, keep_from: int, floor: int
+            ) -> tuple[list[tuple[int, ObjectMeta]], list[ObjectMeta], list[ObjectMeta]]:
+    """The log folder sorted: the entries from the floor below ``keep_from`` (with their
+    versions), the entries below the floor past the tombstones' TTL, and the Delta
+    checkpoints below ``keep_from``."""
+    live: list[tuple[int, ObjectMeta]] = []
+    expired: list[ObjectMeta] = []
+    checkpoints: list[ObjectMeta] = []
+    for meta in store.list(LOG_DIR):
+        checkpoint = is_delta_checkpoint_key(meta.key)
+        if checkpoint is not None:
+            # Delta readers start from _last_checkpoint, which names one at or after
+            # keep_from: older checkpoints only pile up (one per gc).
+            if checkpoint < keep_from:
+                checkpoints.append(meta)
+            continue
+        try:
+            v = log_version(meta.key)
+        except ValueError:
+            continue  # _last_checkpoint and whatever else other engines keep there
+        if v < floor:
+            if meta.last_modified <= now - TOMBSTONE_TTL_S:
+                expired.append(meta)
+        elif v < keep_from:
+            live.append((v, meta))
+    return live, expired, checkpoints
+
+
+def _delete_older(store: ObjectStore, keep_from: int, cutoff: float,
+                  checkpoints: list[ObjectMeta], report: GcReport) -> None:
+    """Deletes the Delta checkpoints and snapshots below ``keep_from`` past the grace, and
+    the index segments no snapshot names."""
     for meta in checkpoints:
         if meta.last_modified <= cutoff:
             store.delete(meta.key)
