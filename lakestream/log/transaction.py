@@ -170,6 +170,23 @@ DEFAULT_POST_COMMIT: tuple[PostCommit, ...] = (snapshot_when_due,)
 # -- the transaction ---------------------------------------------------------------------
 
 
+@dataclass
+class _Tally:
+    """What a commit's attempts have met so far."""
+
+    t0: float
+    """When the commit began (monotonic)."""
+    attempt: int = 0
+    conflicts: int = 0
+    """Races lost to another's entry."""
+    failures: int = 0
+    """Attempts that failed otherwise (the store, a version found empty)."""
+    unknown: bool = False
+    """Whether an attempt's put may have landed, unseen."""
+    fresh: float | None = None
+    """When the state was last known to be at the head, for the next attempt's window."""
+
+
 class Transaction:
     """One commit: ``build`` made into an entry and put at the next version.
 
@@ -197,99 +214,119 @@ class Transaction:
             Whatever is not an outcome: a bug in ``build``, or ``KeyboardInterrupt`` with a
             put in flight. Neither says whether the entry landed, so neither allows cleanup.
         """
-        o, store = self.options, self.store
+        o = self.options
         self._build_s = 0.0
-        t0 = time.monotonic()
-        deadline = t0 + o.deadline_s
-        conflicts = failures = attempt = 0
-        unknown = False
-        fresh: float | None = None  # when the state was last known to be at the head
+        tally = _Tally(time.monotonic())
+        deadline = tally.t0 + o.deadline_s
         try:
             if self.catch_up:
-                fresh = self._catch_up()
+                tally.fresh = self._catch_up()
         except StoreError:
             pass  # only an optimisation: the put finds out
         except CorruptLogError as e:
-            return self._refused(e, unknown)
-        while attempt < o.max_attempts:
-            attempt += 1
-            t_attempt = time.monotonic() if fresh is None else fresh
-            fresh = None
-            state = self.state
-            t_build = time.monotonic()
-            try:
-                entry = self.build(state, self.commit_id)
-            except LakestreamError as e:
-                return self._refused(e, unknown)
-            if entry is None:
-                return Nothing(state)
-            version = state.version + 1
-            failpoint("before_commit")
-            data = encode_entry(entry, state.digest)
-            self._build_s = time.monotonic() - t_build
-            try:
-                put_entry(store, log_key(version), data)
-            except AlreadyExistsError:
-                pass  # lost the race, or an attempt of ours landed: read the winner
-            except StoreError:
-                unknown = True
-            else:
-                failpoint("after_put")
-                entry = replace(entry, link=Link(entry_digest(data), state.digest, True))
-                return self._landed(version, entry, attempt, conflicts, t0, t_attempt)
-            try:
-                winner = read_entry(store, version)
-            except NotFoundError:
-                winner = None  # our write did not land; retrying at the same version is safe
-            except StoreError:
-                winner, unknown = None, True
-            except CorruptLogError as e:
-                # Something that is not our entry holds the version, and nothing can be
-                # committed after it until it is repaired.
-                return self._refused(e, unknown)
-            if isinstance(winner, Compacted):
-                # gc compacted the version this state would commit at: the state is older
-                # than the retained log. The tombstone names the entry it replaced.
-                if winner.replaced == self.commit_id:
-                    return self._landed_compacted(version, entry, attempt, conflicts, t0,
-                                                  winner)
-                unknown = False  # another entry held the version: ours is not there
-                try:
-                    self._reopen(winner.snapshot)
-                except StoreError:
-                    failures += 1
-                    self._backoff(failures)
-                except CorruptLogError as e:
-                    return self._refused(e, unknown)
-            elif winner is not None and winner.commit_id == self.commit_id:
-                return self._landed(version, winner, attempt, conflicts, t0, t_attempt)
-            elif winner is not None:
-                conflicts += 1
-                try:
-                    state.apply(version, winner)
-                except CorruptLogError as e:
-                    return self._refused(e, unknown)
-                unknown = False  # the version we tried is taken by another: ours is not there
-                # Back off first, then catch up: after sleeping the head has moved again,
-                # and a put built on the view from before the sleep would lose for certain.
-                self._backoff(conflicts)
-                try:
-                    fresh = self._catch_up()
-                except StoreError:
-                    failures += 1
-                except CorruptLogError as e:
-                    return self._refused(e, unknown)
-            else:
-                failures += 1
-                self._backoff(failures)
+            return self._refused(e, tally.unknown)
+        while tally.attempt < o.max_attempts:
+            outcome = self._attempt(tally)
+            if outcome is not None:
+                return outcome
             if time.monotonic() > deadline:
                 break
-        if unknown:
+        if tally.unknown:
             return self._unknown(None)
         return Exhausted(CommitConflictError(
-            f"commit {self.commit_id} to {store.uri} lost {conflicts} races and failed "
-            f"{failures} times in {attempt} attempts and {time.monotonic() - t0:.1f}s; "
-            "nothing was committed"), self.state)
+            f"commit {self.commit_id} to {self.store.uri} lost {tally.conflicts} races and "
+            f"failed {tally.failures} times in {tally.attempt} attempts and "
+            f"{time.monotonic() - tally.t0:.1f}s; nothing was committed"), self.state)
+
+    def _attempt(self, tally: _Tally) -> Outcome | None:
+        """One attempt: the entry built on the state and put at the next version; its
+        outcome, or None to try again."""
+        tally.attempt += 1
+        t_attempt = time.monotonic() if tally.fresh is None else tally.fresh
+        tally.fresh = None
+        state = self.state
+        t_build = time.monotonic()
+        try:
+            entry = self.build(state, self.commit_id)
+        except LakestreamError as e:
+            return self._refused(e, tally.unknown)
+        if entry is None:
+            return Nothing(state)
+        version = state.version + 1
+        failpoint("before_commit")
+        data = encode_entry(entry, state.digest)
+        self._build_s = time.monotonic() - t_build
+        try:
+            put_entry(self.store, log_key(version), data)
+        except AlreadyExistsError:
+            pass  # lost the race, or an attempt of ours landed: read the winner
+        except StoreError:
+            tally.unknown = True
+        else:
+            failpoint("after_put")
+            entry = replace(entry, link=Link(entry_digest(data), state.digest, True))
+            return self._landed(version, entry, tally.attempt, tally.conflicts, tally.t0,
+                                t_attempt)
+        return self._after_failed_put(version, entry, state, tally, t_attempt)
+
+    def _after_failed_put(self, version: int, entry: Entry, state: ReplayState,
+                          tally: _Tally, t_attempt: float) -> Outcome | None:
+        """What the entry at ``version`` says of a put there that failed: ours after all
+        (landed), another's (caught up, to try again after a backoff), a tombstone (reopen),
+        or none (try again at the same version)."""
+        try:
+            winner = read_entry(self.store, version)
+        except NotFoundError:
+            winner = None  # our write did not land; retrying at the same version is safe
+        except StoreError:
+            winner, tally.unknown = None, True
+        except CorruptLogError as e:
+            # Something that is not our entry holds the version, and nothing can be
+            # committed after it until it is repaired.
+            return self._refused(e, tally.unknown)
+        if isinstance(winner, Compacted):
+            # gc compacted the version this state would commit at: the state is older
+            # than the retained log. The tombstone names the entry it replaced.
+            if winner.replaced == self.commit_id:
+                return self._landed_compacted(version, entry, tally.attempt, tally.conflicts,
+                                              tally.t0, winner)
+            tally.unknown = False  # another entry held the version: ours is not there
+            try:
+                self._reopen(winner.snapshot)
+            except StoreError:
+                tally.failures += 1
+                self._backoff(tally.failures)
+            except CorruptLogError as e:
+                return self._refused(e, tally.unknown)
+        elif winner is not None and winner.commit_id == self.commit_id:
+            return self._landed(version, winner, tally.attempt, tally.conflicts, tally.t0,
+                                t_attempt)
+        elif winner is not None:
+            return self._lost(version, winner, state, tally)
+        else:
+            tally.failures += 1
+            self._backoff(tally.failures)
+        return None
+
+    def _lost(self, version: int, winner: Entry, state: ReplayState,
+              tally: _Tally) -> Outcome | None:
+        """Another's entry holds ``version``: it is folded in, and after a backoff the state
+        catches up (after sleeping the head has moved again, and a put built on the view
+        from before the sleep would lose for certain)."""
+        tally.conflicts += 1
+        try:
+            state.apply(version, winner)
+        except CorruptLogError as e:
+            return self._refused(e, tally.unknown)
+        tally.unknown = False  # the version we tried is taken by another: ours is not there
+        self._backoff(tally.conflicts)
+        try:
+            tally.fresh = self._catch_up()
+        except StoreError:
+            tally.failures += 1
+        except CorruptLogError as e:
+            return self._refused(e, tally.unknown)
+        return None
 
     def _catch_up(self) -> float:
         """Reads the tail into the state; one that runs into gc's tombstones (the state is
