@@ -16,17 +16,10 @@ from lakestream.log.compaction import GcReport
 from lakestream.log.entries import StreamMeta
 from lakestream.log.gc import gc_stream
 from lakestream.log.opening import create_log, load_state
+from lakestream.log.outcomes import Build, CommitOptions, CommitResult, Outcome, PostCommit, unwrap
 from lakestream.log.replay import Marker, ReplayState
 from lakestream.log.retention import RetentionPoint, group_holds, reclaim_entry, retention_point
-from lakestream.log.transaction import (
-    DEFAULT_POST_COMMIT,
-    Build,
-    CommitOptions,
-    CommitResult,
-    Outcome,
-    PostCommit,
-    unwrap,
-)
+from lakestream.log.transaction import DEFAULT_POST_COMMIT
 from lakestream.log.view import LogView
 from lakestream.read.cache import FragmentCache
 from lakestream.read.fragments import LastStep

@@ -13,9 +13,9 @@ from lakestream.log.commits import appending, fencing
 from lakestream.log.entries import MAX_FRAGMENTS_PER_ENTRY, Fence, check_state
 from lakestream.log.fragments import check_rows, encode_fragment, put_fragment, row_group_target
 from lakestream.log.keys import check_group, check_producer_id, fragment_key
+from lakestream.log.outcomes import CommitOptions
 from lakestream.log.progress import Progress, read_progress
 from lakestream.log.replay import refuse_if_sealed
-from lakestream.log.transaction import CommitOptions
 from lakestream.schema.conform import conform, oversized_sample
 from lakestream.store.base import ObjectStore
 from lakestream.store.local import LocalStore

@@ -73,14 +73,7 @@ def import_dataset(uri: str, paths: str | Sequence[str], *, producer_id: str = "
     data = open_dataset(paths, kind, split)
     fingerprint = data.fingerprint
     stream = _open(uri, storage_options, create=global_batch_size is not None)
-    if stream is None:
-        named = {field: column for column, field in (columns or {}).items()}
-        schema = pa.schema([f.with_name(named.get(f.name, f.name)) for f in data.schema])
-        group, state = group_size, None
-    else:
-        schema, group = stream.schema, stream.group_size
-        mine = stream.state.producers.get(producer_id)
-        state = None if mine is None else mine.state
+    schema, group, state = _target(stream, data, columns, producer_id, group_size)
     fields = _fields(schema, data, columns)
     ignored = tuple(n for n in data.schema.names if n not in fields)
     start, done = _resume(state, fingerprint, data, producer_id, uri, group)
@@ -103,6 +96,20 @@ def import_dataset(uri: str, paths: str | Sequence[str], *, producer_id: str = "
                              f"{group} (the stream's group size): they were not imported")
     return ImportResult(writer.written, done, writer.writes, time.monotonic() - started,
                         ignored)
+
+
+def _target(stream: lakestream.Stream | None, data: DatasetFiles,
+            columns: Mapping[str, str] | None, producer_id: str,
+            group_size: int) -> tuple[pa.Schema, int, Any]:
+    """The stream's schema, group size and ``producer_id``'s committed state; for a stream
+    still to be created (None), the dataset's fields renamed by ``columns``, ``group_size``
+    and no state."""
+    if stream is None:
+        named = {field: column for column, field in (columns or {}).items()}
+        return pa.schema([f.with_name(named.get(f.name, f.name)) for f in data.schema]), \
+            group_size, None
+    mine = stream.state.producers.get(producer_id)
+    return stream.schema, stream.group_size, None if mine is None else mine.state
 
 
 def _open(uri: str, storage_options: dict[str, str] | None,

@@ -37,7 +37,7 @@ LAYERS = {
             ("log.replay",),
             ("log.tail", "log.inventory", "log.retention", "log.manifest"),
             ("log.snapshot",),
-            ("log.head", "log.opening", "log.put"),
+            ("log.head", "log.opening", "log.put", "log.outcomes"),
             ("log.transaction",),
             ("log.view", "log.compaction"),
             ("log.commits", "log.gc")),

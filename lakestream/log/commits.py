@@ -29,8 +29,8 @@ from lakestream.log.entries import (
 )
 from lakestream.log.fragments import check_rows, encode_fragment, put_fragment
 from lakestream.log.keys import ANONYMOUS, check_group, fragment_key
+from lakestream.log.outcomes import Build, CommitOptions, unwrap
 from lakestream.log.replay import ReplayState, refuse_if_sealed
-from lakestream.log.transaction import Build, CommitOptions, unwrap
 from lakestream.log.view import LogView
 from lakestream.schema.conform import conform
 

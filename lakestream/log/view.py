@@ -18,19 +18,12 @@ from lakestream.errors import LogCompactedError, StoreError
 from lakestream.log.entries import REOPEN_IDLE_S
 from lakestream.log.head import shared_head
 from lakestream.log.opening import load_state, replay_log
+from lakestream.log.outcomes import Build, CommitOptions, Landed, Outcome, PostCommit
 from lakestream.log.replay import ReplayState
 from lakestream.log.segments import SegmentError
 from lakestream.log.snapshot import rebase
 from lakestream.log.tail import ReadEntry, catch_up, entry_or_none
-from lakestream.log.transaction import (
-    DEFAULT_POST_COMMIT,
-    Build,
-    CommitOptions,
-    Landed,
-    Outcome,
-    PostCommit,
-    Transaction,
-)
+from lakestream.log.transaction import DEFAULT_POST_COMMIT, Transaction
 from lakestream.store.base import ObjectStore
 
 log = logging.getLogger("lakestream")

@@ -37,6 +37,28 @@ def validate_schema(schema: pa.Schema) -> pa.Schema:
     return schema
 
 
+def _as_table(data: Any, schema: pa.Schema, where: str) -> pa.Table:
+    """``data`` as a table, its columns built in ``schema``'s types where it is Python."""
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
+        rows = list(data)
+        if rows and not all(isinstance(r, Mapping) for r in rows):
+            raise TypeError("a list of samples must hold dicts (one per row)")
+        for r in rows:
+            if set(r) != set(schema.names):
+                _check_names(list(r), schema, where, ordered=False)
+        return _build({n: [r[n] for r in rows] for n in schema.names}, schema, where)
+    if isinstance(data, Mapping):
+        _check_names(list(data), schema, where, ordered=False)
+        return _build({n: data[n] for n in schema.names}, schema, where)
+    raise TypeError(
+        f"cannot write a {type(data).__name__}: pass a pyarrow Table or RecordBatch, "
+        "a list of row dicts, or a dict of columns")
+
+
 def conform(data: Any, schema: pa.Schema, *, where: str) -> pa.Table:
     """Turns ``data`` (a Table, RecordBatch, list of row dicts or dict of columns) into a
     Table with exactly ``schema``.
@@ -55,26 +77,7 @@ def conform(data: Any, schema: pa.Schema, *, where: str) -> pa.Table:
             forbids them; the message names the column.
         TypeError: ``data`` is none of the accepted kinds.
     """
-    if isinstance(data, pa.RecordBatch):
-        data = pa.Table.from_batches([data])
-    if isinstance(data, pa.Table):
-        table = data
-    elif isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
-        rows = list(data)
-        if rows and not all(isinstance(r, Mapping) for r in rows):
-            raise TypeError("a list of samples must hold dicts (one per row)")
-        for r in rows:
-            if set(r) != set(schema.names):
-                _check_names(list(r), schema, where, ordered=False)
-        table = _build({n: [r[n] for r in rows] for n in schema.names}, schema, where)
-    elif isinstance(data, Mapping):
-        _check_names(list(data), schema, where, ordered=False)
-        table = _build({n: data[n] for n in schema.names}, schema, where)
-    else:
-        raise TypeError(
-            f"cannot write a {type(data).__name__}: pass a pyarrow Table or RecordBatch, "
-            "a list of row dicts, or a dict of columns"
-        )
+    table = _as_table(data, schema, where)
     _check_names(table.schema.names, schema, where, ordered=True)
     wrong = [
         f"{f.name}: {table.schema.field(f.name).type} (stream has {f.type})"

@@ -141,7 +141,8 @@ def test_a_handle_idle_past_the_reopen_time_reopens_before_it_reads(tmp_path,
 
 
 def test_a_tombstone_of_our_own_unknown_commit_means_it_landed(tmp_path) -> None:
-    from lakestream.log.transaction import Landed, Transaction
+    from lakestream.log.outcomes import Landed
+    from lakestream.log.transaction import Transaction
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=B, snapshot_interval=K)
     stale = s.state.copy()

@@ -77,7 +77,7 @@ def test_a_committer_behind_a_busy_writer_gets_through_in_few_attempts(tmp_path,
 
     import lakestream.log.transaction
     from lakestream.log.entries import Checkpoint, Fence
-    from lakestream.log.transaction import CommitOptions
+    from lakestream.log.outcomes import CommitOptions
 
     s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=2)
     s.append(rows(0, 2))

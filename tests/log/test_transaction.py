@@ -22,9 +22,10 @@ from lakestream.log.entries import Checkpoint, Fence
 from lakestream.log.keys import DATA_DIR, LOG_DIR
 from lakestream.log.manifest import snapshot_key
 from lakestream.log.opening import load_state
+from lakestream.log.outcomes import CommitOptions, Exhausted, Landed, Rejected
 from lakestream.log.segments import INDEX_DIR
 from lakestream.log.snapshot import decode_snapshot, snapshot_segments
-from lakestream.log.transaction import CommitOptions, Exhausted, Landed, Rejected, Transaction
+from lakestream.log.transaction import Transaction
 from lakestream.ops.verify import verify
 from lakestream.store import LocalStore
 from lakestream.stream import Stream
