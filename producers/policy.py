@@ -38,12 +38,9 @@ class IntervalController:
     CPU, not by the log: its samples wait in that queue whatever T is, and each commit's
     CPU (its entry and put, and reading its rivals' entries) comes out of the uploads'. It
     waits at least the median CPU of its last ``WINDOWS`` commits over
-    ``BOUND_COMMIT_SHARE``, so that committing takes at most that share of its CPU.
-    Without it, 8 producers flat out on 2 cores committed 2-8 times as often as under the
-    AIMD controller before this one, spent 17-18% of their CPU on commits (2-7% before)
-    and ingested 0.81x as much; with it, 1.00x (0.76-1.25) of that controller and
-    1.07x (1.00-1.10) of the share alone, fewer races lost (21-27% against 31-40%), and
-    a fresher p99 where they also produce at 100 writes/s (``bench/freshness.py``).
+    ``BOUND_COMMIT_SHARE``, so that committing takes at most that share of its CPU
+    (without it, producers bound by their CPU committed several times as often and
+    ingested less: BENCHMARKS.md, DAC).
     """
 
     WINDOWS = 16
