@@ -81,13 +81,18 @@ def _reader(uri: str, options: dict[str, str] | None, start_at: float, until: fl
     from lakestream.read.steps import MixSteps
 
     stream = lakestream.open(uri, storage_options=options)
-    gets = {"n": 0}
+    gets = {"n": 0, "empty": 0}
     real_get = stream.store.get
 
     def counted(key: str, **kwargs: Any) -> bytes:
-        if key.startswith("_delta_log/"):
-            gets["n"] += 1
-        return real_get(key, **kwargs)
+        if not key.startswith("_delta_log/"):
+            return real_get(key, **kwargs)
+        gets["n"] += 1
+        try:
+            return real_get(key, **kwargs)
+        except lakestream.NotFoundError:
+            gets["empty"] += 1  # a poll that found no new version
+            raise
 
     stream.store.get = counted  # type: ignore[method-assign]
     steps = MixSteps.single(stream)
@@ -103,11 +108,13 @@ def _reader(uri: str, options: dict[str, str] | None, start_at: float, until: fl
 
     steps.poll = recorded  # type: ignore[method-assign]
     reader = StepReader(steps, 0, 1, timeout=None)
-    rest_gets = 0
+    rest_gets = rest_empty = 0
     step = 0
+    gets.update(n=0, empty=0)  # from here: opening is not polling
+    rest_from = time.time()
     while time.time() < until and stream.num_samples < expected:
         if time.time() >= start_at and rest_gets == 0:
-            rest_gets = max(1, gets["n"])
+            rest_gets, rest_empty = max(1, gets["n"]), gets["empty"]
         if steps.ready(step):
             step += 1
             continue
@@ -122,7 +129,9 @@ def _reader(uri: str, options: dict[str, str] | None, start_at: float, until: fl
     for f in stream.state.all_fragments():  # data/<producer>/<epoch>-<seq>-<uuid>.parquet
         _, producer, name = f.path.split("/")
         offsets.setdefault(producer, []).append((int(name.split("-")[1]), f.offset))
-    out.put({"views": views, "gets": gets["n"], "rest_gets": rest_gets, "offsets": offsets})
+    out.put({"views": views, "gets": gets["n"], "rest_gets": rest_gets,
+             "rest_s": max(1e-9, start_at - rest_from),
+             "empty": gets["empty"], "rest_empty": rest_empty, "offsets": offsets})
 
 
 def _worker(kind: str, *args: Any) -> None:
@@ -207,8 +216,10 @@ def run(store: str, producers: int, rate: float, duration: float, tmp: str,
         "commits_max_over_min": max(cs) / max(1, min(cs)),
         "conflict_rate": conflicts / max(1, attempts),
         "resolved_puts": sum(r.get("resolved", 0) for r in results if "sent" in r),
-        "gets_per_s_at_rest": reader["rest_gets"] / REST_S,
+        "gets_per_s_at_rest": reader["rest_gets"] / reader["rest_s"],
         "gets_per_s_loaded": (reader["gets"] - reader["rest_gets"]) / loaded_s,
+        "empty_gets_per_s_at_rest": reader["rest_empty"] / reader["rest_s"],
+        "empty_gets_per_s_loaded": (reader["empty"] - reader["rest_empty"]) / loaded_s,
         "per_producer": rows,
     }
 
@@ -250,7 +261,9 @@ def main() -> None:
                               f"{r['commits_max_over_min']:.2f}; conflicts "
                               f"{100 * r['conflict_rate']:.0f}%; GETs/s rest "
                               f"{r['gets_per_s_at_rest']:.0f} loaded "
-                              f"{r['gets_per_s_loaded']:.0f}", flush=True)
+                              f"{r['gets_per_s_loaded']:.0f} (empty: rest "
+                              f"{r['empty_gets_per_s_at_rest']:.0f} loaded "
+                              f"{r['empty_gets_per_s_loaded']:.0f})", flush=True)
     finally:
         if server is not None:
             server.stop()
@@ -262,7 +275,8 @@ def main() -> None:
             for key in ("p50_ms", "p99_ms", "max_ms", "readable_p99_ms", "landed_p50_ms",
                         "landed_p99_ms", "worst_over_best_p99",
                         "commits_max_over_min", "conflict_rate", "gets_per_s_at_rest",
-                        "gets_per_s_loaded"):
+                        "gets_per_s_loaded", "empty_gets_per_s_at_rest",
+                        "empty_gets_per_s_loaded"):
                 xs = [r[key] for r in mine]
                 row[key] = {"median": median(xs), "min": min(xs), "max": max(xs)}
             summary.append(row)
