@@ -12,15 +12,8 @@ smoothed gap between arrivals, at least ``POLL_MIN_S`` (10 ms: at most 100 polls
 the process's budget for a stream) and at most ``POLL_REST_S`` (50 ms, a stream at rest:
 20 polls a second). So a commit is seen within half a gap of landing on a busy log and
 within 50 ms after a quiet spell; the version reads that find entries are on top (one per
-version committed, inherent to reading the log). Reads that find nothing are held to a budget
-besides, ``EMPTY_READS_PER_S`` (20) over any second, under load as at rest: a busy log whose
-versions arrive every 20 ms had the pacing find nothing about once a version (90 empty
-reads a second at one producer writing 100 times a second). A token bucket keeps it: each
-read that finds nothing takes a token (a round's last read, and the parallel reads of a
-round past the head), refilled at 20 a second up to one, and past them the next round waits
-for the tokens it is short of, then reads every version that arrived meanwhile. A
-growing backoff paced it before: after a quiet spell a commit was seen up to half a second
-late.
+version committed, inherent to reading the log). A growing backoff paced it before: after a
+quiet spell a commit was seen up to half a second late.
 
 Only readers use this (``Stream.poll``). A committer never does: a cached "absent" could
 hide a rival's commit from the read that must find it.
@@ -42,8 +35,6 @@ from lakestream.store.base import ObjectStore
 CACHED_ENTRIES = 256
 POLL_MIN_S = 0.01
 POLL_REST_S = 0.05
-EMPTY_READS_PER_S = 20
-"""The most reads that find no new version a process sends for a stream a second."""
 GAP_SMOOTHING = 0.3
 """The weight of the newest gap between arrivals in the smoothed gap."""
 
@@ -67,12 +58,6 @@ class SharedHead:
         """The smoothed time between versions arriving (seconds per version)."""
         self.gets = 0
         """GETs of log entries this process sent through here."""
-        self._tokens = 1.0
-        """Reads that may still find nothing, refilled at ``EMPTY_READS_PER_S`` a second up
-        to one (a token bucket without a burst: the rate holds over any second)."""
-        self._tokens_at = time.monotonic()
-        self._missed = 0
-        """Reads that found nothing since the bucket was last charged."""
 
     def entry(self, store: ObjectStore, version: int) -> Entry | None:
         """The entry at ``version``; None if it, or a version before it, was absent when
@@ -99,8 +84,7 @@ class SharedHead:
         try:
             entry = read_entry(store, version)
         except NotFoundError:
-            with self._cond:
-                self._missed += 1
+            pass
         finally:
             with self._cond:
                 self._reading.discard(version)
@@ -118,20 +102,9 @@ class SharedHead:
                     # The head as far as anyone here knows: pause before asking again. A
                     # read past an absent version (a parallel round's) changes nothing.
                     self._absent = version
-                    self._retry_at = now + max(self.pause_s(), self._spend(now))
+                    self._retry_at = now + self.pause_s()
                 self._cond.notify_all()
         return entry
-
-    def _spend(self, now: float) -> float:
-        """Takes a token for each read that found nothing since the last charge (a round's
-        miss, and its parallel reads past the head); returns how long the next round must
-        wait for the budget (0 while tokens are left)."""
-        rate = EMPTY_READS_PER_S
-        self._tokens = min(1.0, self._tokens + (now - self._tokens_at) * rate)
-        self._tokens_at = now
-        self._tokens -= self._missed
-        self._missed = 0
-        return max(0.0, -self._tokens / rate)
 
     def _arrived(self, now: float, versions: int) -> None:
         """Folds a new version's arrival into the smoothed gap between arrivals."""
