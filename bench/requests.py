@@ -1,0 +1,227 @@
+"""What the object store serves a training job, counted, and the model of it at 64 and 512
+ranks.
+
+Usage: .venv/bin/python bench/requests.py [--ranks 8] [--rest 4] [--load 10] [--rate 25]
+Writes bench/results/requests.json.
+
+SeaweedFS on 127.0.0.1. ``--ranks`` processes (one host) each read their slice of a stream
+through a ``StreamDataset`` (rank 0 with the consumer group, so it publishes progress), at
+rest for ``--rest`` seconds, then while two producers each write ``--rate`` one-group
+fragments a second (8 samples of 64-192 tokens; steps of 64, so each rank's slice of a step
+is one group) for ``--load`` seconds. Each rank counts the requests its process sends, by
+kind (GET of a whole object, a range or a buffer; HEAD; LIST; PUT; DELETE) and prefix (the
+log, fragments, the rest of ``_lakestream/``), GETs of the log split into those that found an
+entry and those that found nothing.
+
+``model`` (a pure function, tested in ``tests/bench/test_request_model.py``) scales those
+rates to H hosts of R ranks: per rank, the log's GETs are one per version committed plus
+the reads that find nothing (at rest, one each ``POLL_REST_S``, 20 a second; under load, as
+counted), and the fragments' GETs
+one per fragment its slice touches, a step; per host, with a shared disk cache, one per
+fragment the host's ranks touch; rank 0's progress PUT once a second. It says what the log's
+prefix is asked for a second with the head shared per process (what exists) and per host
+(what a host-wide poller would send), against S3's 5,500 GETs a second per prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from spawn import run_workers  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+PREFIX_GETS_PER_S = 5500
+"""S3's documented GET (and HEAD) rate per partitioned prefix."""
+REST_EMPTY_READS_PER_S = 20.0
+"""A process's polls of a stream at rest: one each ``lakestream.log.head.POLL_REST_S``."""
+GROUP, STEP = 8, 64
+
+
+def model(hosts: int, ranks_per_host: int, versions_per_s: float, steps_per_s: float,
+          fragments_per_rank_step: float, fragments_per_host_step: float,
+          empty_reads_per_s: float = REST_EMPTY_READS_PER_S) -> dict[str, float]:
+    """Requests a second of a job of ``hosts`` x ``ranks_per_host`` ranks reading a stream
+    that commits ``versions_per_s`` log versions and ``steps_per_s`` steps a second (0: at
+    rest), each rank's slice touching ``fragments_per_rank_step`` fragments a step and each
+    host's ranks together ``fragments_per_host_step``; each poller's reads that find nothing
+    are ``empty_reads_per_s``."""
+    ranks = hosts * ranks_per_host
+    log_per_poller = versions_per_s + empty_reads_per_s
+    return {
+        "ranks": ranks,
+        "log_gets_per_rank_s": log_per_poller,
+        "log_gets_per_s_head_per_process": ranks * log_per_poller,
+        "log_gets_per_s_head_per_host": hosts * log_per_poller,
+        "fragment_gets_per_s_no_cache": ranks * steps_per_s * fragments_per_rank_step,
+        "fragment_gets_per_s_host_cache": hosts * steps_per_s * fragments_per_host_step,
+        "progress_puts_per_s": 1.0,
+        "log_prefix_share_per_process": ranks * log_per_poller / PREFIX_GETS_PER_S,
+        "log_prefix_share_per_host": hosts * log_per_poller / PREFIX_GETS_PER_S,
+    }
+
+
+def _kind_prefix(method: str, key: str) -> str:
+    prefix = "log" if key.startswith("_delta_log/") else "data" if key.startswith("data/") \
+        else "meta"
+    return f"{method} {prefix}"
+
+
+def _rank(uri: str, options: dict[str, str], rank: int, ranks: int, rest_until: float,
+          load_until: float, out: Any) -> None:
+    import threading
+    from collections import Counter
+
+    import lakestream
+    from lakestream.loaders import StreamDataset
+    from lakestream.store.s3 import S3Store
+
+    counts: Counter[str] = Counter()
+    inner = threading.local()  # a method the store calls from another is one request
+    for method in ("get", "get_buffer", "get_range", "head", "list", "put", "delete"):
+        real = getattr(S3Store, method)
+
+        def counted(self: Any, key: str, *args: Any, _m: str = method, _real: Any = real,
+                    **kwargs: Any) -> Any:
+            if getattr(inner, "depth", 0):
+                return _real(self, key, *args, **kwargs)
+            name = _kind_prefix(_m, key)
+            counts[name] += 1
+            inner.depth = 1
+            try:
+                return _real(self, key, *args, **kwargs)
+            except lakestream.NotFoundError:
+                counts[name + " empty"] += 1
+                raise
+            finally:
+                inner.depth = 0
+
+        setattr(S3Store, method, counted)
+    ds = StreamDataset(uri, group="train" if rank == 0 else None, rank=rank, world_size=ranks,
+                       storage_options=options, timeout=0.2, progress_interval_s=1.0)
+    steps, phase, rest = 0, "rest", Counter[str]()
+    counts.clear()  # from here: opening is not what a running job sends
+    t_rest = time.time()
+    while time.time() < load_until:
+        if phase == "rest" and time.time() >= rest_until:
+            rest, phase = Counter(counts), "load"
+            counts.clear()
+            t_load = time.time()
+        try:
+            for _ in ds:
+                steps += phase == "load"
+                if time.time() >= load_until or phase == "rest" and time.time() >= rest_until:
+                    break
+        except lakestream.StepNotAvailableError:
+            pass  # the timeout: look at the clock, then wait on
+    ds.close()
+    out.put({"rank": rank, "rest": dict(rest), "rest_s": rest_until - t_rest,
+             "load": dict(counts), "load_s": time.time() - t_load, "steps": steps})
+
+
+def _producer(uri: str, options: dict[str, str], k: int, rest_until: float, load_until: float,
+              rate: float, out: Any) -> None:
+    import payload
+
+    from lakestream.producers import Producer
+
+    groups = [payload.rollouts(GROUP, GROUP, seed=n, min_tokens=64, max_tokens=192)
+              for n in range(8)]
+    n = 0
+    with Producer(uri, f"p{k}", storage_options=options) as p:
+        time.sleep(max(0.0, rest_until - time.time()))
+        while time.time() < load_until - 0.5:
+            time.sleep(max(0.0, rest_until + n / rate - time.time()))
+            p.write(groups[n % 8])
+            n += 1
+        p.flush()
+    out.put({"producer": k, "writes": n})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--rest", type=float, default=4.0)
+    ap.add_argument("--load", type=float, default=10.0)
+    ap.add_argument("--rate", type=float, default=25.0, help="writes a second per producer")
+    args = ap.parse_args()
+    import payload
+
+    import lakestream
+    from lakestream.log.head import POLL_REST_S
+    from tests.s3server import BUCKET, start_s3
+
+    server = start_s3()
+    try:
+        options = server.options()
+        uri = f"s3://{BUCKET}/requests-{int(time.time())}"
+        lakestream.create(uri, payload.rollouts(GROUP, GROUP, seed=0).schema,
+                          global_batch_size=STEP, group_size=GROUP, storage_options=options)
+        start = time.time() + 12.0  # spawned ranks import torch and open first
+        rest_until, load_until = start + args.rest, start + args.rest + args.load
+        results = _run(uri, options, args, rest_until, load_until)
+        stream = lakestream.open(uri, storage_options=options)
+        versions, fragments = stream.version, len(stream.state.all_fragments())
+    finally:
+        server.stop()
+    ranks = [r for r in results if "rank" in r]
+    load_s = max(r["load_s"] for r in ranks)
+    steps_per_s = stream.num_steps / args.load
+    measured = _rates(ranks, versions / args.load, steps_per_s, fragments, stream.num_steps)
+    empty = measured.get("load: get log empty /rank/s", 0.0)
+    table = {f"{h}x{per}": model(h, per, measured["versions_per_s"], steps_per_s,
+                                 measured["fragments_per_rank_step"],
+                                 measured["fragments_per_host_step"], empty)
+             for h, per in ((8, 8), (64, 8))}
+    rest = {f"{h}x{per}": model(h, per, 0.0, 0.0, 0.0, 0.0, 1 / POLL_REST_S)
+            for h, per in ((8, 8), (64, 8))}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "requests.json").write_text(json.dumps(
+        {"args": vars(args), "ranks": ranks, "measured": measured, "load_s": load_s,
+         "model_load": table, "model_rest": rest,
+         "command": " ".join(["bench/requests.py", *sys.argv[1:]]), "time": time.ctime()},
+        indent=1))
+    print(json.dumps({"measured": measured, "model_load": table, "model_rest": rest},
+                     indent=1))
+
+
+def _run(uri: str, options: dict[str, str], args: argparse.Namespace, rest_until: float,
+         load_until: float) -> list[dict[str, Any]]:
+    return run_workers(_worker, [("r", uri, options, r, args.ranks, rest_until, load_until)
+                                 for r in range(args.ranks)]
+                       + [("p", uri, options, k, rest_until, load_until, args.rate)
+                          for k in range(2)], timeout=load_until - time.time() + 120)
+
+
+def _worker(kind: str, *args: Any) -> None:
+    (_rank if kind == "r" else _producer)(*args)
+
+
+def _rates(ranks: list[dict[str, Any]], versions_per_s: float, steps_per_s: float,
+           fragments: int, steps: int) -> dict[str, float]:
+    """Per rank and second, what the ranks sent at rest and under load (their mean), and
+    the fragments a rank's slice and the host's ranks touch a step."""
+    def mean(phase: str, name: str) -> float:
+        return sum(r[phase].get(name, 0) / r[f"{phase}_s"] for r in ranks) / len(ranks)
+
+    names = sorted({n for r in ranks for phase in ("rest", "load") for n in r[phase]})
+    out: dict[str, float] = {"versions_per_s": versions_per_s, "steps_per_s": steps_per_s}
+    for phase in ("rest", "load"):
+        for n in names:
+            out[f"{phase}: {n} /rank/s"] = mean(phase, n)
+    data = sum(r["load"].get(f"{m} data", 0) for r in ranks
+               for m in ("get", "get_buffer", "get_range"))
+    read_steps = sum(r["steps"] for r in ranks) / len(ranks)
+    out["fragments_per_rank_step"] = data / max(1, len(ranks) * read_steps)
+    out["fragments_per_host_step"] = fragments / max(1, steps)
+    return out
+
+
+if __name__ == "__main__":
+    main()
