@@ -5,6 +5,7 @@ what it reads without the cache."""
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import os
 import threading
@@ -64,17 +65,30 @@ def _run(uri: str, options: dict[str, str], root: str, limit: int
              for r in range(RANKS)]
     most, done = [0], threading.Event()
 
+    def look() -> int:
+        sizes = {}  # by inode: a file renamed while the folder is walked is seen twice
+        for p in Path(root).rglob("*"):
+            if p.is_file() and not p.name.startswith(".") and ".locks" not in p.parts:
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                sizes[st.st_ino] = st.st_size
+        return sum(sizes.values())
+
     def watch() -> None:
+        # Each look holds the host's usage lock (the layout in lakestream/store/diskcache.py):
+        # a walk is not a snapshot, and without it a look counted an entry evicted during
+        # the walk and the one put in its place, which never lay on disk together.
+        usage = Path(root, ".locks", "usage")
         while not done.is_set():
-            sizes = {}  # by inode: a file renamed while the folder is walked is seen twice
-            for p in Path(root).rglob("*"):
-                if p.is_file() and not p.name.startswith(".") and ".locks" not in p.parts:
-                    try:
-                        st = p.stat()
-                    except FileNotFoundError:
-                        continue
-                    sizes[st.st_ino] = st.st_size
-            most[0] = max(most[0], sum(sizes.values()))
+            if usage.exists():
+                fd = os.open(usage, os.O_RDWR)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    most[0] = max(most[0], look())
+                finally:
+                    os.close(fd)
             time.sleep(0.005)
 
     watcher = threading.Thread(target=watch, daemon=True)
