@@ -216,7 +216,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         """Notes that ``step`` was consumed: the state now resumes at ``step + 1``, and rank 0
         publishes progress (at most every ``progress_interval_s``, and always the latest)."""
         self.planned.start_step = step + 1
-        self.membership.record(step + 1, self.policy_version, self.mix, self.streams)
+        if self.membership.leads:  # only then are the plan and its streams needed here
+            self.membership.record(step + 1, self.policy_version, self.mix, self.streams)
 
     @property
     def progress_conflicts(self) -> int:
@@ -236,7 +237,9 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
     def publish_progress(self) -> None:
         """Publishes ``{step, policy_version}`` for the group now (rank 0 only; nothing
         without a group)."""
-        self.membership.publish(self.start_step, self.policy_version, self.mix, self.streams)
+        if self.membership.leads:
+            self.membership.publish(self.start_step, self.policy_version, self.mix,
+                                    self.streams)
 
     def state_dict(self) -> dict[str, Any]:
         """The resume point: the next step to read (torchdata/DCP ``Stateful``), the streams
