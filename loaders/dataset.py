@@ -186,7 +186,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                                        self.world_size, workers=None if in_process
                                        else workers, stop=self.stop)
         self.last_reader = reader
-        if worker == 0:
+        if worker == 0 and self.membership.leads:
             self.membership.register(self.streams, self.planned.source_steps(self.start_step))
         planned = self.planned
         first = planned.worker_next if not in_process and planned.worker_next is not None \
@@ -266,7 +266,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 fit, or a mix with epochs changed.
         """
         self.planned.load_state_dict(state)
-        self.membership.follow(self.mix)
+        if self.membership.publishing:
+            self.membership.follow(self.mix)
 
     def load_loader_state(self, state: Any) -> list[int] | None:
         """Loads the ``StreamDataset`` state inside a DataLoader's state that resumes
@@ -275,7 +276,8 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
         policy (each worker plans from its own step and cursor, a lagging one from further
         back), or None without a policy or without a state (a loader not started yet)."""
         held = self.planned.load_loader_state(state)
-        self.membership.follow(self.mix)
+        if self.membership.publishing:
+            self.membership.follow(self.mix)
         return held
 
     def commit_checkpoint(self, step: int | None = None,

@@ -42,6 +42,11 @@ class Membership:
         """Whether this rank speaks for the group (rank 0 of a dataset with a group)."""
         return self.group is not None and self.rank == 0
 
+    @property
+    def publishing(self) -> bool:
+        """Whether progress is published over a plan (which ``follow`` must then replace)."""
+        return self._progress is not None
+
     def follow(self, steps: Steps) -> None:
         """Publishes progress in ``steps`` from now on (the plan made again on a resume)."""
         if self._progress is not None:

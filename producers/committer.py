@@ -163,8 +163,8 @@ class Committer(threading.Thread):
                             result.store_s, rivals, cpu_s=cpu_s,
                             bound=waiting > self._upload_threads)
                         gap_s = max(GAP_WINDOWS * result.window_s, self._min_gap_s)
-                self._inflight.committed(batch, batch[-1].seq, batch[-1].state)
-                if self._on_commit is not None:
+                if self._on_commit is not None:  # before a flush waiting on it returns
                     self._on_commit(batch[-1].seq)
+                self._inflight.committed(batch, batch[-1].seq, batch[-1].state)
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call
             self._inflight.fail(e)

@@ -82,8 +82,10 @@ class Producer:
                 many ahead of ``progress_group``'s published progress.
             progress_group: the consumer group whose progress bounds the lag.
             on_commit: called with the last seq of each commit once it landed, in the
-                committer thread (as a Kafka producer's delivery callback is): keep it
-                short; what it raises fails the producer.
+                committer thread (as a Kafka producer's delivery callback is), before a
+                ``flush`` waiting for that commit returns: keep it short, and never call
+                this producer's ``write`` or ``flush`` from it (they wait on the thread
+                that runs it); what it raises fails the producer, and ``flush`` raises it.
 
         Raises:
             ValueError: a bad id, group or bound.

@@ -514,16 +514,23 @@ def test_the_commit_floor_and_dac_s_cap_are_set_independently() -> None:
 
 
 def test_on_commit_is_told_each_commit_and_a_failure_in_it_fails_the_producer(tmp_path) -> None:
-    """``on_commit`` hears the last seq of every commit, in order, up to the last write; what
-    it raises is the producer's failure, raised by its next call."""
+    """``on_commit`` hears the last seq of every commit, in order, up to the last write, before
+    a flush waiting for that commit returns; what it raises is the producer's failure,
+    raised by its flush."""
     uri = str(tmp_path / "s")
     lakestream.create(uri, SCHEMA, global_batch_size=4)
     heard: list[int] = []
-    with Producer(uri, "w", on_commit=heard.append) as p:
+
+    def slow(seq: int) -> None:
+        time.sleep(0.05)  # a flush must still wait for it
+        heard.append(seq)
+
+    with Producer(uri, "w", on_commit=slow) as p:
         for k in range(20):
             p.write(rows(k * 4, 4))
         p.flush()
-    assert heard and heard == sorted(heard) and heard[-1] == 19
+        assert heard and heard[-1] == 19  # heard before the flush returned
+    assert heard == sorted(heard)
     assert len(set(heard)) == len(heard)
 
     def refuse(seq: int) -> None:
