@@ -36,10 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from spawn import run_workers  # noqa: E402
 
+from lakestream.log.head import POLL_REST_S  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results"
 PREFIX_GETS_PER_S = 5500
 """S3's documented GET (and HEAD) rate per partitioned prefix."""
-REST_EMPTY_READS_PER_S = 20.0
+REST_EMPTY_READS_PER_S = 1 / POLL_REST_S
 """A process's polls of a stream at rest: one each ``lakestream.log.head.POLL_REST_S``."""
 GROUP, STEP = 8, 64
 
@@ -154,7 +156,6 @@ def main() -> None:
     import payload
 
     import lakestream
-    from lakestream.log.head import POLL_REST_S
     from tests.s3server import BUCKET, start_s3
 
     server = start_s3()
@@ -179,7 +180,7 @@ def main() -> None:
                                  measured["fragments_per_rank_step"],
                                  measured["fragments_per_host_step"], empty)
              for h, per in ((8, 8), (64, 8))}
-    rest = {f"{h}x{per}": model(h, per, 0.0, 0.0, 0.0, 0.0, 1 / POLL_REST_S)
+    rest = {f"{h}x{per}": model(h, per, 0.0, 0.0, 0.0, 0.0, REST_EMPTY_READS_PER_S)
             for h, per in ((8, 8), (64, 8))}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "requests.json").write_text(json.dumps(

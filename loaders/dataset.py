@@ -127,7 +127,7 @@ class StreamDataset(IterableDataset[dict[str, Any]]):
                 raise ValueError(f"{stream.uri} has a column {options.step_key!r}, where each "
                                  "batch carries its step number: pass step_key= another "
                                  "name (e.g. 'lakestream_step')")
-        check_columns(self.streams, None if options.columns is None else list(options.columns))
+        check_columns(self.streams, options.columns)
 
     @property
     def sources(self) -> list[Source]:

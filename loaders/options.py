@@ -75,7 +75,7 @@ class ReadOptions:
     world_size: int | None = None
     start_step: int = 0
     max_steps: int | None = None
-    columns: Sequence[str] | None = None
+    columns: list[str] | None = None
     timeout: float | None = None
     collate: str | Collate = "padded"
     storage_options: Mapping[str, str] | None = None
@@ -115,6 +115,8 @@ class ReadOptions:
             if isinstance(getattr(self, name), str):
                 raise TypeError(f"{name} must be a list of column names, got "
                                 f"{getattr(self, name)!r}")
+        if self.columns is not None:  # a list, as the readers take it, made once
+            object.__setattr__(self, "columns", list(self.columns))
         check_delivery(self.pin_memory, self.device)
 
     @classmethod

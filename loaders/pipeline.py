@@ -39,8 +39,7 @@ def open_reader(steps: Steps, streams: Sequence[Stream], options: ReadOptions, r
     delivery = Delivery(options.pin_memory and in_process,
                         options.device if in_process else None)
     prefetch = default_prefetch(threads) if options.prefetch is None else options.prefetch
-    columns = None if options.columns is None else list(options.columns)
-    reader = StepReader(steps, rank, world_size, columns=columns, prefetch=prefetch,
+    reader = StepReader(steps, rank, world_size, columns=options.columns, prefetch=prefetch,
                         threads=threads, timeout=options.timeout, stop=stop,
                         finish=_finisher(steps, options, not in_process, delivery),
                         arrays=_arrays(streams[0], options, not in_process, delivery))
@@ -80,8 +79,7 @@ def _arrays(stream: Stream, options: ReadOptions, shared: bool, delivery: Delive
     if callable(options.collate):
         return None
     schema = stream.schema
-    columns = None if options.columns is None else list(options.columns)
-    direct = direct_columns(schema, columns)
+    direct = direct_columns(schema, options.columns)
     if not direct:
         return None
     spec = {n: (d, tensor_spec(schema.field(n)) if d.prefixed else None)
