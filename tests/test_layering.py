@@ -17,9 +17,10 @@ tools) -> the package's face. A module imports its own wing and lower ones, neve
 one. ``lakestream.producers`` and ``lakestream.loaders`` stand above the façade."""
 
 PLACED = {"failpoints": "errors", "checks": "errors", "schema": "store", "writing": "stream",
-          "reading": "stream"}
+          "reading": "stream", "groups": "stream"}
 """What is not a folder of its own, and the wing it belongs to: the crash points and the
-integer check beside the errors, the schema beside the store, the SDKs' APIs beside the façade."""
+integer check beside the errors, the schema beside the store, the SDKs' APIs and the
+handle's namespaces beside the façade."""
 
 SDK_ALLOWED = {"producers": ("lakestream", "lakestream.errors", "lakestream.stream",
                              "lakestream.writing", "lakestream.producers"),
@@ -36,8 +37,8 @@ LAYERS = {
             ("log.index",),
             ("log.replay",),
             ("log.tail", "log.inventory", "log.retention", "log.manifest"),
-            ("log.snapshot",),
-            ("log.head", "log.opening", "log.put", "log.outcomes"),
+            ("log.snapshot", "log.put"),
+            ("log.head", "log.opening", "log.outcomes"),
             ("log.transaction",),
             ("log.view", "log.compaction"),
             ("log.commits", "log.gc")),

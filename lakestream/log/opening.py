@@ -24,10 +24,11 @@ from lakestream.log.manifest import (
     snapshot_key,
     snapshot_version,
 )
+from lakestream.log.put import put_log_entry
 from lakestream.log.replay import ReplayState
 from lakestream.log.segments import segment_fetcher
 from lakestream.log.snapshot import decode_snapshot, write_snapshot
-from lakestream.log.tail import entry_or_none, read_tail
+from lakestream.log.tail import read_tail
 from lakestream.store.base import ObjectStore
 from lakestream.store.parse import count, loads
 
@@ -44,17 +45,12 @@ def create_log(store: ObjectStore, uri: str, meta: StreamMeta) -> ReplayState:
     """
     entry = Create(meta)
     data = encode_entry(entry)
-    try:
-        store.put(log_key(0), data, mode="create")
-    except (AlreadyExistsError, StoreError) as e:
-        # A lost reply, or a retried PUT meeting its own object: read what is there.
-        existing = entry_or_none(store, 0)
-        if existing is None or existing.commit_id != entry.commit_id:
-            if isinstance(e, StoreError):
-                raise
-            raise AlreadyExistsError(
-                f"a stream already exists at {uri}; open it with lakestream.open"
-            ) from None
+    put = put_log_entry(store, 0, data, entry.commit_id)
+    if not put.landed:
+        if put.holder is None and put.failure is not None:
+            raise put.failure  # version 0 may be ours or not: nothing to say more
+        raise AlreadyExistsError(
+            f"a stream already exists at {uri}; open it with lakestream.open") from None
     state = ReplayState()
     state.apply(0, replace(entry, link=Link(entry_digest(data), None, True)))
     write_snapshot(store, state)

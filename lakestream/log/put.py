@@ -19,8 +19,12 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 
 from lakestream.errors import AlreadyExistsError, NotFoundError, StoreError
+from lakestream.log.entries import Entry
+from lakestream.log.keys import log_key
+from lakestream.log.tail import read_entry
 from lakestream.store import is_remote
 from lakestream.store.base import ObjectStore
 
@@ -37,6 +41,45 @@ _pool: ThreadPoolExecutor | None = None
 _seen: dict[str, deque[float]] = {}
 resolved = 0
 """Puts this process resolved by reading their key (for benchmarks)."""
+
+
+@dataclass(frozen=True)
+class Put:
+    """What one put-if-absent of a log entry came to."""
+
+    landed: bool
+    """The entry is there: the put said so, or the entry read back bears its commit id (a
+    lost reply, or a retried PUT meeting its own object)."""
+    holder: Entry | None
+    """After a put that did not answer success, the entry read back at the version (ours,
+    another's, a tombstone), or None: nothing there, or it could not be read."""
+    failure: StoreError | None
+    """The store's failure on the put or on the read back: with nothing read back, whether
+    the entry landed is not known."""
+
+
+def put_log_entry(store: ObjectStore, version: int, data: bytes, commit_id: str) -> Put:
+    """Puts the encoded entry ``data`` at log ``version`` if absent; when the store does not
+    answer success, reads back what holds the version: the one place the put-if-absent rule
+    is applied (the entry there says who won).
+
+    Raises:
+        CorruptLogError: something that is not an entry holds the version.
+    """
+    try:
+        put_entry(store, log_key(version), data)
+        return Put(True, None, None)
+    except AlreadyExistsError:
+        failure = None  # lost the race, or an attempt of ours landed: read the winner
+    except StoreError as e:
+        failure = e
+    try:
+        holder = read_entry(store, version)
+    except NotFoundError:
+        return Put(False, None, failure)  # did not land: a put at the same version is safe
+    except StoreError as e:
+        return Put(False, None, failure or e)
+    return Put(holder.commit_id == commit_id, holder, failure)
 
 
 def put_entry(store: ObjectStore, key: str, data: bytes) -> None:

@@ -18,19 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from lakestream.errors import (
-    AlreadyExistsError,
     CommitConflictError,
     CommitStateUnknownError,
     CorruptLogError,
     LakestreamError,
     LogCompactedError,
-    NotFoundError,
     StoreError,
 )
 from lakestream.failpoints import failpoint
 from lakestream.log.codec import encode_entry, entry_digest
 from lakestream.log.entries import Compacted, Entry, Link, new_commit_id
-from lakestream.log.keys import log_key
 from lakestream.log.opening import load_state
 from lakestream.log.outcomes import (
     Build,
@@ -44,10 +41,10 @@ from lakestream.log.outcomes import (
     Rejected,
     Unknown,
 )
-from lakestream.log.put import put_entry
+from lakestream.log.put import Put, put_log_entry
 from lakestream.log.replay import ReplayState
 from lakestream.log.snapshot import write_snapshot
-from lakestream.log.tail import catch_up, read_entry
+from lakestream.log.tail import catch_up
 from lakestream.store.base import ObjectStore
 
 log = logging.getLogger("lakestream")
@@ -151,33 +148,26 @@ class Transaction:
         data = encode_entry(entry, state.digest)
         self._build_s = time.monotonic() - t_build
         try:
-            put_entry(self.store, log_key(version), data)
-        except AlreadyExistsError:
-            pass  # lost the race, or an attempt of ours landed: read the winner
-        except StoreError:
-            tally.unknown = True
-        else:
-            failpoint("after_put")
-            entry = replace(entry, link=Link(entry_digest(data), state.digest, True))
-            return self._landed(version, entry, tally.attempt, tally.conflicts, tally.t0,
-                                t_attempt)
-        return self._after_failed_put(version, entry, state, tally, t_attempt)
-
-    def _after_failed_put(self, version: int, entry: Entry, state: ReplayState,
-                          tally: _Tally, t_attempt: float) -> Outcome | None:
-        """What the entry at ``version`` says of a put there that failed: ours after all
-        (landed), another's (caught up, to try again after a backoff), a tombstone (reopen),
-        or none (try again at the same version)."""
-        try:
-            winner = read_entry(self.store, version)
-        except NotFoundError:
-            winner = None  # our write did not land; retrying at the same version is safe
-        except StoreError:
-            winner, tally.unknown = None, True
+            put = put_log_entry(self.store, version, data, self.commit_id)
         except CorruptLogError as e:
             # Something that is not our entry holds the version, and nothing can be
             # committed after it until it is repaired.
             return self._refused(e, tally.unknown)
+        if put.holder is None and put.landed:
+            failpoint("after_put")
+            entry = replace(entry, link=Link(entry_digest(data), state.digest, True))
+            return self._landed(version, entry, tally.attempt, tally.conflicts, tally.t0,
+                                t_attempt)
+        if put.failure is not None:
+            tally.unknown = True
+        return self._after_failed_put(version, entry, put, state, tally, t_attempt)
+
+    def _after_failed_put(self, version: int, entry: Entry, put: Put, state: ReplayState,
+                          tally: _Tally, t_attempt: float) -> Outcome | None:
+        """What the entry at ``version`` says of a put there that failed: ours after all
+        (landed), another's (caught up, to try again after a backoff), a tombstone (reopen),
+        or none (try again at the same version)."""
+        winner = put.holder
         if isinstance(winner, Compacted):
             # gc compacted the version this state would commit at: the state is older
             # than the retained log. The tombstone names the entry it replaced.
@@ -192,7 +182,7 @@ class Transaction:
                 self._backoff(tally.failures)
             except CorruptLogError as e:
                 return self._refused(e, tally.unknown)
-        elif winner is not None and winner.commit_id == self.commit_id:
+        elif winner is not None and put.landed:
             return self._landed(version, winner, tally.attempt, tally.conflicts, tally.t0,
                                 t_attempt)
         elif winner is not None:
