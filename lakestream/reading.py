@@ -8,7 +8,7 @@ list."""
 
 from __future__ import annotations
 
-from lakestream.checks import check_int
+from lakestream.checks import check_int, check_names
 from lakestream.failpoints import failpoint
 from lakestream.log.keys import check_group
 from lakestream.log.progress import Progress, publish_progress, read_progress
@@ -27,6 +27,6 @@ from lakestream.store.slots import cpu_slots
 __all__ = ["COUNTS_KEY", "Accept", "Direct", "DiskCache", "Marker", "MixSteps", "ObjectStore",
            "Progress", "ReadPolicy", "SelectedSteps", "Source", "Steps", "TensorSpec",
            "binary_chunks", "buffer_pool", "check_columns", "check_group", "check_int",
-           "copy_values", "cpu_slots", "direct_columns", "failpoint", "is_remote", "mix_steps",
-           "open_filesystem", "publish_progress", "read_progress", "resume_position",
-           "stream_steps", "tensor_spec"]
+           "check_names", "copy_values", "cpu_slots", "direct_columns", "failpoint",
+           "is_remote", "mix_steps", "open_filesystem", "publish_progress", "read_progress",
+           "resume_position", "stream_steps", "tensor_spec"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from lakestream.loaders.collate import Collate
 from lakestream.loaders.device import check_delivery
-from lakestream.reading import Accept, DiskCache, ReadPolicy, check_int
+from lakestream.reading import Accept, DiskCache, ReadPolicy, check_int, check_names
 
 
 @dataclass(frozen=True)
@@ -111,12 +111,10 @@ class ReadOptions:
                              f"{self.collate!r}")
         if self.transform is not None and not callable(self.transform):
             raise TypeError(f"transform must be a callable on a batch, got {self.transform!r}")
-        for name in ("columns", "accept_columns"):
-            if isinstance(getattr(self, name), str):
-                raise TypeError(f"{name} must be a list of column names, got "
-                                f"{getattr(self, name)!r}")
-        if self.columns is not None:  # a list, as the readers take it, made once
-            object.__setattr__(self, "columns", list(self.columns))
+        # lists, as the readers take them, made once
+        object.__setattr__(self, "columns", check_names("columns", self.columns))
+        object.__setattr__(self, "accept_columns",
+                           check_names("accept_columns", self.accept_columns))
         check_delivery(self.pin_memory, self.device)
 
     @classmethod

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lakestream.checks import check_int
+from lakestream.checks import check_int, check_names
 from lakestream.errors import StepNotAvailableError
 from lakestream.plan.balance import balance_groups
 from lakestream.plan.choose import FRESH, Choice, choose, kept
@@ -69,10 +69,7 @@ class ReadPolicy:
             if self.accept is None:
                 raise ValueError("accept_columns are the columns accept= reads: give accept "
                                  "too")
-            if isinstance(self.accept_columns, str) or not all(
-                    isinstance(c, str) for c in self.accept_columns):
-                raise TypeError(f"accept_columns must be a list of column names, got "
-                                f"{self.accept_columns!r}")
+            check_names("accept_columns", self.accept_columns)
 
     @property
     def active(self) -> bool:

@@ -43,6 +43,8 @@ def test_an_unknown_option_is_refused_with_the_options_there_are(tmp_path) -> No
     ({"transform": 3}, TypeError, "transform must be a callable"),
     ({"columns": "x"}, TypeError, "columns must be a list of column names"),
     ({"accept_columns": "x"}, TypeError, "accept_columns must be a list"),
+    ({"columns": ["x", 3]}, TypeError, "columns must be a list of column names"),
+    ({"columns": 3}, TypeError, "columns must be a list of column names"),
     ({"disk_cache": "/tmp/cache"}, TypeError, "disk_cache must be a lakestream DiskCache"),
 ])
 def test_each_option_is_checked_when_the_options_are_made(settings, error, match) -> None:
