@@ -1,6 +1,7 @@
 """The Stream handle: create, open, append, read steps, mark checkpoints. A façade: each call
 is made by a piece of the log wing (``lakestream.log``: the view, the commits, retention, gc)
-or of the read side (``lakestream.read.offsets``)."""
+or of the read side (``lakestream.read.offsets``); the consumer groups and retention are its
+namespaces ``s.groups`` and ``s.retention`` (``lakestream.groups``)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from lakestream.errors import LakestreamError
+from lakestream.groups import Groups, Retention
 from lakestream.log import commits
 from lakestream.log.compaction import GcReport
 from lakestream.log.entries import StreamMeta
-from lakestream.log.gc import gc_stream
 from lakestream.log.opening import create_log, load_state
 from lakestream.log.outcomes import Build, CommitOptions, CommitResult, Outcome, PostCommit, unwrap
 from lakestream.log.replay import Marker, ReplayState
-from lakestream.log.retention import RetentionPoint, group_holds, reclaim_entry, retention_point
+from lakestream.log.retention import RetentionPoint
 from lakestream.log.transaction import DEFAULT_POST_COMMIT
 from lakestream.log.view import LogView
 from lakestream.read.cache import FragmentCache
@@ -155,17 +155,25 @@ class Stream:
         return {k: (p.epoch, p.seq, p.state) for k, p in self.state.producers.items()}
 
     def checkpoints(self, group: str) -> list[Marker]:
-        """The checkpoint markers of ``group``, oldest first."""
-        return list(self.state.markers.get(group, []))
+        """The checkpoint markers of ``group``, oldest first (``groups.checkpoints``)."""
+        return self.groups.checkpoints(group)
 
     @property
-    def groups(self) -> list[str]:
-        """The consumer groups the log knows (with markers, or registered), sorted."""
-        return self.state.groups
+    def groups(self) -> Groups:
+        """The consumer groups the log knows (with markers, or registered), sorted: equal
+        to a list of their names, and the namespace of what is done to one
+        (``s.groups.register``, ``s.groups.remove``, ``s.groups.mark_checkpoint``)."""
+        return Groups(self._view)
+
+    @property
+    def retention(self) -> Retention:
+        """What the groups hold and the reclaiming of the rest (``s.retention.point``,
+        ``s.retention.retain``, ``s.retention.gc``)."""
+        return Retention(self._view, self.storage_options)
 
     def registered_step(self, group: str) -> int | None:
         """The step ``group`` registered at, or None if it never registered."""
-        return self.state.registered.get(group)
+        return self.groups.registered_step(group)
 
     @property
     def sealed_at(self) -> int | None:
@@ -197,13 +205,6 @@ class Stream:
         """
         return unwrap(self.transact(build, options, catch_up=catch_up))
 
-    def _version(self, build: Build) -> int:
-        """Commits an entry ``build`` always makes; returns its version."""
-        result = self.commit(build)
-        if result is None:  # the build always makes an entry; kept under python -O too
-            raise LakestreamError(f"{self.uri}: a commit that always makes an entry made none")
-        return result.version
-
     def append(self, data: Any, *, commit_options: CommitOptions | None = None) -> int:
         """Writes ``data`` as one fragment and commits it; returns the version.
 
@@ -224,35 +225,14 @@ class Stream:
 
     def mark_checkpoint(self, group: str, step: int, checkpoint_id: str | None = None) -> int:
         """Records that ``group`` has a durable checkpoint resuming at ``step``; returns the
-        version. Call it after the training checkpoint is saved.
-
-        The marker is committed only on a state whose reclaimed offset is at or below the
-        step's data: a ``retain`` that lands first makes it fail, never leaves a marker
-        pointing at reclaimed data.
-
-        Raises:
-            ValueError: ``group`` is not a valid group name, or ``step`` is negative or past
-                the visible steps.
-            StepNotAvailableError: the step's data is already reclaimed (nothing committed).
-        """
-        step = commits.check_group_step(self._view, group, step, "a checkpoint resumes at")
-        return self._version(commits.checkpoint(self.uri, group, step, checkpoint_id))
+        version. Call it after the training checkpoint is saved. See
+        ``Groups.mark_checkpoint``."""
+        return self.groups.mark_checkpoint(group, step, checkpoint_id)
 
     def register_group(self, group: str, step: int = 0) -> int | None:
-        """Makes ``group`` a consumer group that holds retention from ``step`` until its own
-        markers take over. A group holds from its earliest registration: a group with
-        markers, or registered at ``step`` or below, is left as it is and None returned;
-        else the registration's version (a registration below the one the log holds lowers
-        the group's hold to it).
-
-        Raises:
-            ValueError: ``group`` is not a valid group name, or ``step`` is negative or past
-                the visible steps (a group registers where it starts reading).
-            StepNotAvailableError: ``step``'s data is already reclaimed (nothing committed).
-        """
-        step = commits.check_group_step(self._view, group, step, "a group registers at")
-        result = self.commit(commits.registration(self.uri, group, step))
-        return None if result is None else result.version
+        """Makes ``group`` a consumer group holding data from ``step``; see
+        ``Groups.register``."""
+        return self.groups.register(group, step)
 
     def seal(self) -> int | None:
         """Commits "no more appends": every later append fails with StreamSealedError and
@@ -283,55 +263,27 @@ class Stream:
         return self.num_samples - self.state.stream_meta.offset(self.num_steps)
 
     def remove_group(self, group: str) -> int:
-        """Removes ``group``: its markers and registration stop holding data (the next
-        ``retain`` may reclaim what only it held). Returns the removal's version.
+        """Removes ``group`` (its markers and registration stop holding data); see
+        ``Groups.remove``."""
+        return self.groups.remove(group)
 
-        Raises:
-            ValueError: ``group`` is not a valid group name, or the log knows no such group
-                (nothing committed).
-        """
-        return self._version(commits.removal(self.uri, group))
-
-    # -- retention ---------------------------------------------------------------------
+    # -- retention: the flat names of ``s.retention`` ----------------------------------
 
     def retention_point(self, keep_last: int = 2) -> RetentionPoint:
         """What ``retain(keep_last)`` would reclaim now."""
-        return retention_point(self.state, keep_last)
+        return self.retention.point(keep_last)
 
     def group_holds(self, keep_last: int = 2) -> dict[str, int]:
         """The step from which each consumer group holds data under ``retain(keep_last)``."""
-        return group_holds(self.state, keep_last)
+        return self.retention.holds(keep_last)
 
     def retain(self, keep_last: int = 2) -> int | None:
-        """Reclaims data no retained checkpoint needs: for every consumer group keep its last
-        ``keep_last`` markers; fragments wholly below the smallest of their resume steps are
-        removed from the table (Delta ``remove``). Files are deleted later by ``gc``.
-
-        Safe beside producers, readers and other retainers: the point is recomputed on the
-        latest log at every commit attempt. A registered group with no marker holds from its
-        registration step; a stream with no group holds everything; progress objects hold
-        nothing. Returns the version of the last reclaim entry, or None if nothing was
-        reclaimable. An entry removes at most 10,000 files: a larger reclaim commits several,
-        each complete on its own (a crash between them leaves a smaller reclaim done).
-        """
-        version = None
-        while True:
-            result = self.commit(lambda state, cid: reclaim_entry(state, keep_last, cid))
-            if result is None:
-                return version
-            version = result.version
+        """Reclaims data no retained checkpoint needs; see ``Retention.retain``."""
+        return self.retention.retain(keep_last)
 
     def gc(self, grace_seconds: float = 3600.0, *, delta_checkpoint: bool = True) -> GcReport:
-        """Deletes, once ``grace_seconds`` have passed by the store's own clock, the files of
-        reclaimed fragments and of uploads never committed, and log entries and snapshots
-        older than the newest snapshot and Delta checkpoint.
-
-        With ``delta_checkpoint`` (and deltalake installed) it first writes a Delta checkpoint
-        so other engines open the table fast and old entries can go; without one the log is
-        kept whole. Killing gc at any point leaves a readable stream; run it again.
-        """
-        return gc_stream(self._view, grace_seconds, delta_checkpoint=delta_checkpoint,
-                         storage_options=self.storage_options)
+        """Deletes reclaimed and orphaned files after a grace period; see ``Retention.gc``."""
+        return self.retention.gc(grace_seconds, delta_checkpoint=delta_checkpoint)
 
     # -- reading ---------------------------------------------------------------------------
 
