@@ -33,7 +33,7 @@ soak: $(STAMP)
 	LAKESTREAM_SOAK=1 LAKESTREAM_RELIABILITY_REPORT=bench/results/reliability.json \
 		$(PY) -m pytest -q tests/reliability \
 		tests/producers/test_crash.py::test_killed_at_every_failpoint_then_restarted && \
-	$(PY) bench/reliability_report.py $$(( $$(date +%s) - start ))
+	$(PY) -m bench.reliability_report $$(( $$(date +%s) - start ))
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -10,16 +10,14 @@ method without its final swaps (``kk-only``), a lower bound no equal-count split
 (exact at two groups a rank; see ``_lower_bound``), and the planning time of
 ``balance_groups`` per step (median and 99th percentile, in microseconds).
 
-Usage: .venv/bin/python bench/balance.py [--steps 200]
+Usage: .venv/bin/python -m bench.balance [--steps 200]
 Writes bench/results/balance.json and bench/results/balance.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,16 +25,13 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import payload  # noqa: E402
-from reps import median  # noqa: E402
+from bench import payload
+from bench.output import RESULTS, command, save
+from bench.reps import median
+from lakestream.plan.balance import balance_groups, largest_differencing
+from lakestream.plan.balance import spread as max_over_mean
+from lakestream.plan.slices import equal_count
 
-from lakestream.plan.balance import _largest_differencing, balance_groups  # noqa: E402
-from lakestream.plan.balance import spread as max_over_mean  # noqa: E402
-from lakestream.plan.slices import equal_count  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 WORLD = 8
 SETTINGS = [(256, 16), (512, 8), (1024, 16)]  # (B, G)
 DISTRIBUTIONS = ("uniform", "log-uniform")
@@ -54,7 +49,7 @@ def lengths(distribution: str, b: int, g: int, step: int) -> np.ndarray:
 
 def _kk_only(costs: np.ndarray) -> float:
     ranked = np.sort(costs)[::-1].tolist()
-    loads = [s for s, _ in _largest_differencing(ranked, WORLD)]
+    loads = [s for s, _ in largest_differencing(ranked, WORLD)]
     return max(loads) / (sum(loads) / WORLD)
 
 
@@ -99,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
-    result: dict[str, Any] = {"command": " ".join(["bench/balance.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": command("balance"),
                               "world_size": WORLD, "steps": args.steps, "target": TARGET,
                               "runs": []}
     print(f"W={WORLD}, {args.steps} steps each; slowest rank's tokens / mean (mean over steps, "
@@ -122,8 +117,7 @@ def main() -> None:
     print(f"target: balanced <= {TARGET} (mean over steps): "
           + ", ".join(f"{k} {'met' if ok else 'MISSED'}"
                       for k, ok in result["target_met"].items()))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "balance.json").write_text(json.dumps(result, indent=1))
+    save("balance.json", result)
     plot(result, RESULTS / "balance.png")
 
 

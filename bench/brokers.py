@@ -8,7 +8,7 @@ drains what was written. Lakestream runs on the local store (zstd fragments, and
 uncompressed fast path) and on a SeaweedFS S3 server on 127.0.0.1. Kafka cannot run here: no broker
 distribution is reachable from these machines.
 
-Run: bench/setup-peers && bench/setup-env && .venv-bench/bin/python bench/brokers.py
+Run: bench/setup-peers && bench/setup-env && .venv-bench/bin/python -m bench.brokers
 Writes bench/results/brokers.json and brokers.png.
 """
 
@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import payload
 import pyarrow as pa
-import reps
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench import payload, reps
+from bench.output import RESULTS, command, save
+from tests.s3server import start_s3
+
 GROUP, B, WORLD = 16, 256, 8
 _HEADER = struct.Struct("<dqqfq")  # sent_at, prompt_id, n_tokens, reward, policy_version
 
@@ -159,8 +160,7 @@ def _nats_producer(port: int, k: int, start_at: float, duration: float, out: Any
 
 def _lakestream_producer(uri: str, options: dict[str, str] | None, turn: Any, k: int,
                          start_at: float, duration: float, out: Any, compression: str) -> None:
-    from floor import floors
-
+    from bench.floor import floors
     from lakestream.producers import Producer, ProducerOptions
 
     tables = [payload.rollouts(GROUP, GROUP, seed=100 * k + s) for s in range(16)]
@@ -547,9 +547,6 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3,
                         help="interleaved repetitions of every ingest run")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.s3server import start_s3
-
     for tool in ("redis-server", "nats-server"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is missing: run bench/setup-peers")
@@ -562,7 +559,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "s3": "SeaweedFS 4.48 on 127.0.0.1"},
-        "versions": versions, "command": "bench/brokers.py " + " ".join(sys.argv[1:]),
+        "versions": versions, "command": command("brokers"),
         "sample_bytes": float(np.mean([len(m) for m in encode(payload.rollouts(256, GROUP))])),
         "ingest": [], "latency": [], "consume": []}
     systems = ["redis", "nats-sync", "nats-async", "lakestream", "lakestream-none",
@@ -598,8 +595,7 @@ def main() -> None:
         server.stop()
     result["ratios"] = ratios(result)
     print(json.dumps(result["ratios"], indent=1))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "brokers.json").write_text(json.dumps(result, indent=1))
+    save("brokers.json", result)
     plot(result, RESULTS / "brokers.png")
 
 

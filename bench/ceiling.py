@@ -1,7 +1,7 @@
 """The in-process loader's own ceiling on the CPU: a null consumer reading a stream at the
 defaults and at 1, 2, 4, 8 and 15 read threads, and how long its threads hold the GIL.
 
-Usage: .venv/bin/python bench/ceiling.py [--reps 3] [--batches 160] [--kind raw|tokens|jpeg]
+Usage: .venv/bin/python -m bench.ceiling [--reps 3] [--batches 160] [--kind raw|tokens|jpeg]
 Writes bench/results/ceiling-<kind>.json and .png.
 
 ``raw``: batches of 64 raw 224x224x3 ``uint8`` images in a tensor column; ``tokens``: batches
@@ -36,37 +36,35 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reps import median  # noqa: E402
+from bench.output import ROOT, save
+from bench.reps import median
 
-RESULTS = Path(__file__).parent / "results"
 THREADS = (1, 2, 4, 8, 15)
 SAMPLE_HZ = 250
 
 CHILD = r'''
 import json, os, signal, subprocess, sys, time
-sys.path.insert(0, sys.argv[5])
 import torch
 from lakestream.loaders import StreamDataset
 kind, uri, threads, gil = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-bytes_per_batch = float(sys.argv[6])
+bytes_per_batch = float(sys.argv[5])
 if kind == "colocated":
-    import ceiling
-    loader = torch.utils.data.DataLoader(ceiling.PaddedBatches(json.loads(sys.argv[7])),
+    from bench import ceiling
+    loader = torch.utils.data.DataLoader(ceiling.PaddedBatches(json.loads(sys.argv[6])),
                                          batch_size=None, num_workers=1,
                                          multiprocessing_context="spawn")
 else:
     kw = {} if threads == "default" else {"read_threads": int(threads)}
-    if json.loads(sys.argv[7])["kind"] == "jpeg":
-        import images
-        kw["transform"] = images.DecodeJpeg(decoder=sys.argv[10])
-    loader = StreamDataset(uri, group=None, timeout=60.0, max_steps=int(sys.argv[9]), **kw)
+    if json.loads(sys.argv[6])["kind"] == "jpeg":
+        from bench import images
+        kw["transform"] = images.DecodeJpeg(decoder=sys.argv[9])
+    loader = StreamDataset(uri, group=None, timeout=60.0, max_steps=int(sys.argv[8]), **kw)
 it = iter(loader)
 next(it)  # warm: threads started, footers cached, the pool made
 spy = None
 if gil != "-":
     spy = subprocess.Popen(["py-spy", "record", "--gil", "--threads", "--format", "raw",
-                            "--rate", sys.argv[8], "--nonblocking", "--pid", str(os.getpid()),
+                            "--rate", sys.argv[7], "--nonblocking", "--pid", str(os.getpid()),
                             "-o", gil], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached
 cpu0, t0 = time.process_time(), time.perf_counter()
@@ -101,14 +99,11 @@ def _gil_seconds(path: str, seconds: float) -> dict[str, float]:
 
 def _run(kind: str, uri: str, threads: str, gil: str | None, bytes_per_batch: float,
          config: dict[str, Any], decoder: str = "-") -> dict[str, Any]:
-    args = [sys.executable, "-c", CHILD, kind, uri, threads, gil or "-",
-            str(Path(__file__).resolve().parent), str(bytes_per_batch), json.dumps(config),
-            str(SAMPLE_HZ), str(config["batches"]), decoder]
-    # Run from bench/: ``-c`` puts the working directory first on sys.path, and from the
-    # repository's root that finds the source folder lakestream/ (without its loaders)
-    # before an installed copy.
-    out = subprocess.run(args, capture_output=True, text=True, timeout=900,
-                         cwd=Path(__file__).resolve().parent)
+    args = [sys.executable, "-c", CHILD, kind, uri, threads, gil or "-", str(bytes_per_batch),
+            json.dumps(config), str(SAMPLE_HZ), str(config["batches"]), decoder]
+    # From the repository's root, as ``python -m bench.ceiling`` runs: ``-c`` puts the
+    # working directory first on the search path, where ``bench`` is found.
+    out = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} {threads}: {out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -149,10 +144,11 @@ def _stream(root: str, kind: str, batches: int) -> tuple[str, float, dict[str, A
     """The stream under ``root`` (and, for tokens, the colocated loader's Parquet files),
     the bytes of a batch as delivered (the pixels, or the tokens before padding), and the
     configuration of the colocated loader."""
-    import gpu
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from bench import gpu
 
     config: dict[str, Any] = {"kind": kind, "batch": 64, "batches": batches, "seq": 3072,
                               "uri": f"{root}/stream", "stand_in": True}
@@ -209,11 +205,10 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = _summary(runs, gil, args)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"ceiling-{args.kind}.json"
-    out.write_text(json.dumps({"kind": args.kind, "batches": args.batches, "reps": args.reps,
-                               "cores": len(os.sched_getaffinity(0)), "rows": rows,
-                               "runs": runs, "gil": gil, "time": time.ctime()}, indent=1))
+    out = save(f"ceiling-{args.kind}.json",
+               {"kind": args.kind, "batches": args.batches, "reps": args.reps,
+                "cores": len(os.sched_getaffinity(0)), "rows": rows, "runs": runs, "gil": gil,
+                "time": time.ctime()})
     _plot(rows, out.with_suffix(".png"), args.kind)
     for row in rows:
         print(json.dumps({k: v for k, v in row.items() if k != "reps"}))

@@ -8,32 +8,27 @@ their log-probs, ~267 KB) with uniform tokens and with Zipf tokens, and pretrain
 (16 x 4,096 Zipf tokens, no log-probs). Every (payload, codec) runs ``--reps`` times,
 interleaved; the table gives medians with their min-max.
 
-Usage: .venv/bin/python bench/codecs.py [--reps 3] [--seconds 0.6]
+Usage: .venv/bin/python -m bench.codecs [--reps 3] [--seconds 0.6]
 Writes bench/results/codecs.json and bench/results/codecs.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-import numpy as np  # noqa: E402
-import payload  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-from floor import cpu_per_gb  # noqa: E402
+from bench import payload
+from bench.floor import cpu_per_gb
+from bench.output import RESULTS, command, save
+from lakestream.log.fragments import encode_fragment
 
-from lakestream.log.fragments import encode_fragment  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 CODECS: dict[str, tuple[str, int | None]] = {
     "none": ("none", None), "snappy": ("snappy", None), "lz4": ("lz4", None),
     "zstd-1": ("zstd", 1), "zstd-3": ("zstd", 3), "zstd-6": ("zstd", 6),
@@ -112,10 +107,9 @@ def main() -> None:
               "CPU-s/GB", flush=True)
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "platform": platform.platform(), "pyarrow": pa.__version__},
-              "command": "bench/codecs.py " + " ".join(sys.argv[1:]), "reps": args.reps,
+              "command": command("codecs"), "reps": args.reps,
               "payloads": list(data), "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "codecs.json").write_text(json.dumps(result, indent=1))
+    save("codecs.json", result)
     plot(result, RESULTS / "codecs.png")
 
 

@@ -1,7 +1,7 @@
 """What the trainer sees of freshness: from each sample's ``write()`` to its delivery in a
 batch by a ``StreamDataset`` tailing the stream on the same host.
 
-Usage: .venv/bin/python bench/delivered.py [--producers 4] [--rate 100] [--duration 6]
+Usage: .venv/bin/python -m bench.delivered [--producers 4] [--rate 100] [--duration 6]
        [--reps 3] [--request-ms 5]
 Writes bench/results/delivered.json (delivered-<ms>ms.json with ``--request-ms``).
 
@@ -22,19 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.output import RESULTS
+from bench.reps import median
+from bench.spawn import run_workers
 
-from reps import median  # noqa: E402
-from spawn import run_workers  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 G, B, TOKENS = 4, 16, 64
 
 

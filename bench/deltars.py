@@ -7,7 +7,7 @@ of 16 samples, ~260 KB) and large ones (512 samples, ~8 MB); and throughput as 4
 grow the log to 5,000 versions. Both systems write Parquet with zstd; each Lakestream
 producer commits with DAC, each delta-rs writer commits each batch on its own.
 
-Run: .venv/bin/python bench/deltars.py   (bench/results/deltars.json and deltars.png)
+Run: .venv/bin/python -m bench.deltars   (bench/results/deltars.json and deltars.png)
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import payload
-from reps import spread, summarise
-from spawn import run_workers
+from bench import payload
+from bench.output import RESULTS, command, save
+from bench.reps import spread, summarise
+from bench.spawn import run_workers
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GROUP = 16
 SIZES = {"small": 16, "large": 512}
 
@@ -188,7 +187,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
         "versions": {"deltalake": deltalake.__version__},
-        "command": "bench/deltars.py " + " ".join(sys.argv[1:]), "throughput": [],
+        "command": command("deltars"), "throughput": [],
         "growth": []}
     result["reps"] = args.reps
     runs = []
@@ -220,8 +219,7 @@ def main() -> None:
         "growth_lakestream_over_deltalake_by_tenth": [
             a / b if b else 0.0 for a, b in zip(by["lakestream"], by["deltalake"], strict=True)]}
     print(json.dumps(result["ratios"]))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "deltars.json").write_text(json.dumps(result, indent=1))
+    save("deltars.json", result)
     plot(result, RESULTS / "deltars.png")
 
 

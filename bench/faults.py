@@ -15,34 +15,28 @@ with its min-max. Recovery: from the moment faults stop, how long until every pr
 committed again, and until the producers together are back to 0.8x the baseline over a 1 s
 window; the target is 2x the store's retry backoff cap.
 
-Run: .venv/bin/python bench/faults.py [--phase 10] [--repeats 3]
+Run: .venv/bin/python -m bench.faults [--phase 10] [--repeats 3]
 Writes bench/results/faults.json and faults.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import lakestream
+from bench import payload
+from bench.output import RESULTS, command, save
+from bench.spawn import run_workers
+from lakestream.producers import Producer
+from lakestream.store.s3 import S3Options
 
-import payload  # noqa: E402
-from spawn import run_workers  # noqa: E402
-
-import lakestream  # noqa: E402
-from lakestream.producers import Producer  # noqa: E402
-from lakestream.store.s3 import S3Options  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 GROUP, PRODUCERS, RATES = 16, 3, (0.05, 0.20)
 RECOVERED_AT = 0.8  # share of the baseline rate that counts as recovered
 WARMUP_S = 5.0
@@ -233,7 +227,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform(), "s3": "SeaweedFS 4.48 on 127.0.0.1"},
-        "command": "bench/faults.py " + " ".join(sys.argv[1:]), "producers": PRODUCERS,
+        "command": command("faults"), "producers": PRODUCERS,
         "warmup_s": WARMUP_S, "backoff_cap_s": S3Options().backoff_cap_s, "runs": []}
     # The store retries a 503 up to its backoff cap; recovering within twice that is the goal.
     for rep in range(args.repeats):
@@ -254,8 +248,7 @@ def main() -> None:
     result["fairness_fragments"] = fairness(args.phase)
     print("fragments per producer, fault-free, straight to the server vs through the proxy:",
           result["fairness_fragments"], flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "faults.json").write_text(json.dumps(result, indent=1))
+    save("faults.json", result)
     plot(result, RESULTS / "faults.png")
 
 

@@ -1,6 +1,6 @@
 """Freshness benchmark: how soon a sample written by a producer is seen by a tailing trainer.
 
-Usage: .venv/bin/python bench/freshness.py [--producers 1 4 8] [--stores local s3]
+Usage: .venv/bin/python -m bench.freshness [--producers 1 4 8] [--stores local s3]
        [--rate 100] [--duration 6] [--reps 3]
 Writes bench/results/freshness.json and bench/results/freshness.png.
 
@@ -27,20 +27,16 @@ import argparse
 import bisect
 import json
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import payload
+from bench.output import RESULTS
+from bench.reps import median
+from bench.spawn import run_workers
 
-import payload  # noqa: E402
-from reps import median  # noqa: E402
-from spawn import run_workers  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 GROUP, B = 16, 64
 REST_S = 2.0
 """Seconds the reader tails an idle stream before the producers start (its GETs at rest)."""

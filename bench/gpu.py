@@ -54,8 +54,8 @@ the cores that is; with the stand-in, ``dispatch``: the trainer thread's ops per
 its steps over the synthetic run's (below 1: the loader's threads took the GIL or the core
 from it). The producer's CPU-s per GB of raw image bytes is measured while writing.
 
-Usage: .venv-bench/bin/python bench/gpu.py --stand-in [--jpeg] [--reps 3]
-       python bench/gpu.py [--jpeg | --lm] [--trainer null | --model NAME]   (CUDA)
+Usage: .venv-bench/bin/python -m bench.gpu --stand-in [--jpeg] [--reps 3]
+       python -m bench.gpu [--jpeg | --lm] [--trainer null | --model NAME]   (CUDA)
 Writes bench/results/gpu_standin[_jpeg|_lm].json and .png (gpu[_jpeg|_lm] with CUDA; a
 ``_null`` or ``_<model>`` before the suffix for those trainers); while
 it runs, ``<that>.partial.json`` holds the measurements so far.
@@ -82,23 +82,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import images  # noqa: E402
-from loader import _children, _cpu_of, _split  # noqa: E402  (also stubs Streaming's vision)
-from reps import spread, summarise  # noqa: E402
-
-import lakestream  # noqa: E402
-from lakestream.loaders import StreamDataset, StreamLoader  # noqa: E402
-from lakestream.loaders.host import default_read_threads  # noqa: E402
-from lakestream.producers import Producer  # noqa: E402
+import lakestream
+from bench import images
+from bench.loader import children, cpu_of, split_lists  # (also stubs Streaming's vision)
+from bench.output import RESULTS, ROOT, command, save
+from bench.reps import spread, summarise
+from lakestream.loaders import StreamDataset, StreamLoader
+from lakestream.loaders.host import default_read_threads
+from lakestream.producers import Producer
 
 # Zero-copy views of Parquet buffers are read-only; torch warns once per process on each.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
-RESULTS = Path(__file__).parent / "results"
 LOADERS = ("synthetic", "lakestream", "lakestream-loader", "colocated-samples",
            "colocated-batches", "mosaic-streaming", "lakestream-nvjpeg", "lakestream-batch",
            "lakestream-s3")
@@ -249,7 +245,7 @@ class ParquetSamples(torch.utils.data.Dataset[dict[str, Any]]):
         if self._cached is None or self._cached[0] != f:
             t = pq.read_table(self.files[f])
             if self.config["kind"] == "tokens":
-                self._cached = (f, _split(t.column("tokens")), None)
+                self._cached = (f, split_lists(t.column("tokens")), None)
             else:
                 self._cached = (f, t.column("image").to_pylist(), t.column("label").to_numpy())
         _, values, labels = self._cached
@@ -566,8 +562,8 @@ def measure(config: dict[str, Any], name: str) -> dict[str, Any]:
     for _ in range(config["warmup"]):
         trainer.step(next(it))
     trainer.finish()
-    kids = _children()
-    kids0 = _cpu_of(kids, {})
+    kids = children()
+    kids0 = cpu_of(kids, {})
     ops0 = trainer.ops if isinstance(trainer, StandIn) else 0
     cpu0, t0 = time.process_time(), time.perf_counter()
     next_cpu = next_wall = step_cpu = step_wall = 0.0
@@ -581,7 +577,7 @@ def measure(config: dict[str, Any], name: str) -> dict[str, Any]:
             time.perf_counter() - w2
     trainer.finish()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    kids1 = _cpu_of(kids, kids0)
+    kids1 = cpu_of(kids, kids0)
     reader = getattr(loader, "last_reader", None)
     if reader is not None:  # Lakestream in this process: what its defaults came to
         setup |= {"read_threads": reader.threads, "prefetch": reader.prefetch}
@@ -603,8 +599,8 @@ def measure(config: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _measured(config_path: str, name: str, rep: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--measure", config_path, name],
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, "-m", "bench.gpu", "--measure", config_path, name],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)
     if out.returncode:
         raise RuntimeError(f"{name} failed: {out.stderr[-3000:]}")
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -830,7 +826,7 @@ def main() -> None:
         "_s3" if "lakestream-s3" in names else "")
     partial = RESULTS / f"{stem}.partial.json"
     root = tempfile.mkdtemp(prefix="lakestream-gpu-", dir=args.root or data_dir(config))
-    result: dict[str, Any] = {"command": " ".join(["bench/gpu.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": command("gpu"),
                               "machine": machine(), "config": config, "notes": notes}
     print(json.dumps(result["machine"]), flush=True)
     servers: list[Any] = []
@@ -855,7 +851,6 @@ def main() -> None:
         path = f"{root}/config.json"
         Path(path).write_text(json.dumps(config))
         runs = []
-        RESULTS.mkdir(exist_ok=True)
         for rep in range(args.reps):
             order = names[rep % len(names):] + names[:rep % len(names)]
             mine = {}
@@ -863,8 +858,8 @@ def main() -> None:
                 mine[name] = _measured(path, name, rep)
                 # What is measured so far, kept should the run be cut short (a GPU host
                 # lent for minutes): the final write below replaces it.
-                partial.write_text(json.dumps({**result, "config": public(config),
-                                               "runs": runs + list(mine.values())}, indent=1))
+                save(partial.name, {**result, "config": public(config),
+                                    "runs": runs + list(mine.values())})
             base = mine["synthetic"]
             for r in mine.values():
                 r["of_synthetic"] = r["samples_per_s"] / base["samples_per_s"]
@@ -885,7 +880,7 @@ def main() -> None:
         print(f"{key}: {s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})")
     for n in notes:
         print("note:", n)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    save(f"{stem}.json", result)
     partial.unlink(missing_ok=True)
     plot(result, RESULTS / f"{stem}.png")
     print(f"wrote bench/results/{stem}.json and .png", flush=True)

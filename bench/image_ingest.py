@@ -1,6 +1,6 @@
 """Image ingest: one producer writing raw 224x224x3 uint8 images into a tensor column, on tmpfs.
 
-Usage: .venv/bin/python bench/image_ingest.py [--fragments 100] [--reps 3] [--producers 16]
+Usage: .venv/bin/python -m bench.image_ingest [--fragments 100] [--reps 3] [--producers 16]
 Writes bench/results/image_ingest.json.
 
 Each repetition writes ``--fragments`` fragments of 64 images (9.6 MB each, ten distinct
@@ -16,11 +16,9 @@ start to the last flush.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,9 +29,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import lakestream
+from bench.output import command, save
 from lakestream.producers import Producer
 
-RESULTS = Path(__file__).parent / "results"
 SHAPE = (224, 224, 3)
 SCHEMA = pa.schema([lakestream.tensor_field("image", SHAPE), ("label", pa.int64())])
 
@@ -136,7 +134,7 @@ def main() -> None:
                  if args.producers else ""), flush=True)
     med = sorted(r["producer"] for r in runs)[len(runs) // 2]
     print(f"median producer {med:.2f} CPU-s per GB of raw image bytes")
-    result: dict[str, Any] = {"command": " ".join(["bench/image_ingest.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": command("image_ingest"),
                               "cores": len(os.sched_getaffinity(0)),
                               "runs": runs, "median_producer_cpu_s_per_gb": med}
     if args.producers:
@@ -146,8 +144,7 @@ def main() -> None:
                                        "max": rates[-1]}
         print(f"{args.producers} producers together: {rates[len(rates) // 2]:.2f} GB/s "
               f"({rates[0]:.2f}-{rates[-1]:.2f})")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "image_ingest.json").write_text(json.dumps(result, indent=1))
+    save("image_ingest.json", result)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ string) in Parquet files of 10k rows. Both write into a fresh local stream (tmpf
 commit. Reported per system: rows/s, MB/s of Arrow data, CPU-s per GB (the process's, so
 the producer's upload and commit threads count), and the ratio import / loop.
 
-Usage: .venv/bin/python bench/importing.py [--rows 100000] [--reps 3]
+Usage: .venv/bin/python -m bench.importing [--rows 100000] [--reps 3]
 Writes bench/results/importing.json and importing.png.
 """
 
@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from reps import median, plot_bars, spread, summarise
 
 import lakestream
+from bench.output import RESULTS
+from bench.reps import median, plot_bars, spread, summarise
 from lakestream.producers import Producer
 from lakestream.producers.importing import WRITE_BYTES, import_dataset
 
-RESULTS = Path(__file__).parent / "results"
 FILE_ROWS = 10_000
 
 

@@ -4,7 +4,7 @@ repetitions; a commit-bound run (tiny fragments, 1-16 producers, 20 s each) agai
 server's measured conditional-PUT ceiling; then throughput while the log grows to 20,000+
 versions.
 
-Usage: .venv/bin/python bench/ingest.py [--duration 6] [--commit-bound-duration 20] [--reps 3]
+Usage: .venv/bin/python -m bench.ingest [--duration 6] [--commit-bound-duration 20] [--reps 3]
        [--quick] [--no-growth]
 Writes bench/results/ingest.json and bench/results/ingest.png.
 
@@ -25,23 +25,19 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import lakestream
+from bench import payload
+from bench.output import RESULTS, command, save
+from bench.reps import spread, summarise
+from lakestream.producers import Producer, ProducerOptions
+from tests.s3server import start_s3
 
-import payload  # noqa: E402
-from reps import spread, summarise  # noqa: E402
-
-import lakestream  # noqa: E402
-from lakestream.producers import Producer, ProducerOptions  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 GROUP = 16
 WARMUP_S = 2.0
 COUNTERS = ("fragments_uploaded", "commits", "attempts", "conflicts", "fragments_committed")
@@ -350,15 +346,11 @@ def main() -> None:
         args.duration, args.producers, args.growth_versions, args.reps = 2.0, [1, 8], 2_000, 1
         args.commit_bound_duration = 2.0
         args.commit_bound_producers = [1, 8]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.s3server import start_s3
-
     # Everything written is committed and kept, ~30 GB in all: past the suite's 25 GB.
     server = start_s3("bench", volumes=400)
     machine = {"cpus": os.cpu_count(), "python": platform.python_version(),
                "platform": platform.platform(), "s3": "SeaweedFS 4.48 on 127.0.0.1"}
-    result: dict[str, Any] = {"machine": machine,
-                              "command": " ".join(["bench/ingest.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"machine": machine, "command": command("ingest"),
                               "reps": args.reps}
     try:
         with tempfile.TemporaryDirectory() as root:
@@ -383,8 +375,7 @@ def main() -> None:
         print(f"growth to {g['versions']} versions: first 10% "
               f"{g['first_10pct_samples_per_s']:.0f} samples/s, last 10% "
               f"{g['last_10pct_samples_per_s']:.0f} (ratio {g['ratio_last_to_first']:.2f})")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ingest.json").write_text(json.dumps(result, indent=1))
+    save("ingest.json", result)
     plot(result, RESULTS / "ingest.png")
 
 

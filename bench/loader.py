@@ -16,7 +16,7 @@ the same two batches, so worker start-up is excluded). Lakestream also runs with
 ``collate="packed"``, and on a SeaweedFS S3 server; its read amplification (bytes fetched
 from the store per byte stored of the samples delivered) is counted on both.
 
-Usage: bench/setup-env && .venv-bench/bin/python bench/loader.py [--samples 65536] [--reps 3]
+Usage: bench/setup-env && .venv-bench/bin/python -m bench.loader [--samples 65536] [--reps 3]
 Writes bench/results/loader.json and bench/results/loader.png.
 """
 
@@ -38,21 +38,19 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import lakestream
+from bench import payload
+from bench.output import RESULTS, ROOT, command, save
+from bench.reps import median, spread, summarise
+from lakestream.loaders import StreamDataset, StreamLoader
+
 # MosaicML Streaming imports its vision and multimodal modules eagerly, and they need a
 # torchvision that cannot load beside the CPU build of torch here; this benchmark uses
-# neither, so they are stubbed.
+# neither, so they are stubbed (before ``streaming`` is first imported, in the functions
+# that use it).
 for _name in ("streaming.vision", "streaming.multimodal"):
     sys.modules.setdefault(_name, types.ModuleType(_name))
 
-import payload  # noqa: E402
-from reps import median, spread, summarise  # noqa: E402
-
-import lakestream  # noqa: E402
-from lakestream.loaders import StreamDataset, StreamLoader  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 B, G, FRAGMENT = 256, 16, 64
 COLUMNS = ["prompt_id", "tokens", "logprobs", "reward", "policy_version"]
 
@@ -98,15 +96,16 @@ class ParquetSamples(torch.utils.data.Dataset[dict[str, Any]]):
                 "prompt_id": t.column("prompt_id").to_numpy(),
                 "reward": t.column("reward").to_numpy(),
                 "policy_version": t.column("policy_version").to_numpy(),
-                "tokens": _split(t.column("tokens")),
-                "logprobs": _split(t.column("logprobs")),
+                "tokens": split_lists(t.column("tokens")),
+                "logprobs": split_lists(t.column("logprobs")),
             }
             self._cached = (f, cols)
         row = i - int(self.starts[f])
         return {k: v[row] for k, v in self._cached[1].items()}
 
 
-def _split(col: Any) -> list[np.ndarray]:
+def split_lists(col: Any) -> list[np.ndarray]:
+    """Each row of a list column (``tokens``, ``logprobs``) as a numpy view of its values."""
     arr = col.combine_chunks()
     values = arr.values.to_numpy()
     offsets = arr.offsets.to_numpy()
@@ -141,7 +140,7 @@ class BatchFiles(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return out
 
 
-def _children() -> list[int]:
+def children() -> list[int]:
     """This process's child processes (DataLoader workers, a resource tracker)."""
     me = str(os.getpid())
     found = []
@@ -160,7 +159,7 @@ def _children() -> list[int]:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_of(pids: list[int], last: dict[int, float]) -> dict[int, float]:
+def cpu_of(pids: list[int], last: dict[int, float]) -> dict[int, float]:
     """CPU seconds of each of ``pids`` (the last value seen for one that has exited)."""
     out = dict(last)
     for pid in pids:
@@ -191,8 +190,8 @@ def _drain(make: Any, sample_bytes: float, skip: int = 1) -> dict[str, float]:
             next(it)
         t0, main0 = time.perf_counter(), time.process_time()
         first_batch += t0 - t_start
-        pids = _children()
-        start = _cpu_of(pids, {})
+        pids = children()
+        start = cpu_of(pids, {})
         now = start
         t1, main1 = t0, main0
         for batch in it:
@@ -200,7 +199,7 @@ def _drain(make: Any, sample_bytes: float, skip: int = 1) -> dict[str, float]:
             steps += 1
             t1, main1 = time.perf_counter(), time.process_time()
             if pids:
-                now = _cpu_of(pids, now)
+                now = cpu_of(pids, now)
         del it
         seconds += t1 - t0
         main_cpu += main1 - main0
@@ -248,8 +247,9 @@ def measure(config: dict[str, Any], system: str, workers: int) -> dict[str, Any]
 
 
 def _measured(config_path: str, system: str, workers: int, rep: int) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, __file__, "--measure", config_path, system,
-                          str(workers)], capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, "-m", "bench.loader", "--measure", config_path,
+                          system, str(workers)], capture_output=True, text=True, timeout=900,
+                         cwd=ROOT)
     if out.returncode:
         raise RuntimeError(f"{system} workers={workers} failed: {out.stderr[-3000:]}")
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -290,7 +290,7 @@ def mosaic(root: str, stream: lakestream.Stream) -> str:
     with MDSWriter(out=out, columns=columns, size_limit=1 << 26) as w:
         for step in range(stream.num_steps):
             t = stream.read_step(step)
-            toks, lps = _split(t.column("tokens")), _split(t.column("logprobs"))
+            toks, lps = split_lists(t.column("tokens")), split_lists(t.column("logprobs"))
             for k in range(t.num_rows):
                 w.write({"prompt_id": int(t.column("prompt_id")[k].as_py()), "tokens": toks[k],
                          "logprobs": lps[k], "reward": float(t.column("reward")[k].as_py()),
@@ -346,7 +346,7 @@ def main() -> None:
         config = json.loads(Path(path).read_text())
         print(json.dumps(measure(config, system, int(workers))), flush=True)
         return
-    result: dict[str, Any] = {"command": " ".join(["bench/loader.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": command("loader"),
                               "samples": args.samples, "global_batch_size": B, "runs": []}
     with tempfile.TemporaryDirectory() as root:
         s = build(root, args.samples)
@@ -383,8 +383,7 @@ def main() -> None:
     print("lakestream ratios:", json.dumps(result["ratios"], indent=1))
     print("read amplification:", json.dumps(result["amplification"]))
     print("step read latency (ms):", json.dumps(result["latency"]))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "loader.json").write_text(json.dumps(result, indent=1))
+    save("loader.json", result)
     plot(result, RESULTS / "loader.png")
 
 

@@ -15,7 +15,7 @@ window's first step and a loader's start-up are not what is measured). Three int
 repetitions; each ratio is the median of the per-repetition ratios with its min-max, and
 CPU-s per GB read stands beside MB/s.
 
-Usage: bench/setup-env && .venv-bench/bin/python bench/mixing.py [--reps 3]
+Usage: bench/setup-env && .venv-bench/bin/python -m bench.mixing [--reps 3]
 Writes bench/results/mixing.json and bench/results/mixing.png.
 """
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,16 +31,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import loader  # noqa: E402  (its stubs let MosaicML Streaming import here)
-import payload  # noqa: E402
-from reps import drain, plot_bars, spread, summarise  # noqa: E402
+import lakestream
+from bench import loader, payload  # (loader's stubs let MosaicML Streaming import here)
+from bench.output import RESULTS, command, save
+from bench.reps import drain, plot_bars, spread, summarise
+from lakestream.loaders import Source, StreamDataset
 
-import lakestream  # noqa: E402
-from lakestream.loaders import Source, StreamDataset  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 G, FRAGMENT = 16, 64
 TAKE_A, TAKE_B = 224, 96  # 70/30 of a step of 320, whole groups of 16
 STEPS, WINDOW = 320, 16  # 20 windows; each Lakestream pass lasts 3 s or more
@@ -75,7 +70,7 @@ def _mds(root: str, name: str, stream: lakestream.Stream) -> str:
                "reward": "float32", "policy_version": "int64"}
     with MDSWriter(out=out, columns=columns, size_limit=1 << 26) as w:
         t = stream.read_offsets([(0, stream.num_samples)])
-        toks, lps = loader._split(t.column("tokens")), loader._split(t.column("logprobs"))
+        toks, lps = (loader.split_lists(t.column(c)) for c in ("tokens", "logprobs"))
         ids, rewards, versions = (t.column(c).to_numpy() for c in
                                   ("prompt_id", "reward", "policy_version"))
         for k in range(t.num_rows):
@@ -104,8 +99,8 @@ class MixedParquet(torch.utils.data.Dataset[dict[str, Any]]):
             cols = {"prompt_id": t.column("prompt_id").to_numpy(),
                     "reward": t.column("reward").to_numpy(),
                     "policy_version": t.column("policy_version").to_numpy(),
-                    "tokens": loader._split(t.column("tokens")),
-                    "logprobs": loader._split(t.column("logprobs"))}
+                    "tokens": loader.split_lists(t.column("tokens")),
+                    "logprobs": loader.split_lists(t.column("logprobs"))}
             self._decoded[f] = cols
         row = i - int(self.starts[f])
         return {k: v[row] for k, v in cols.items()}
@@ -135,7 +130,7 @@ def main() -> None:
     from streaming import Stream as MosaicStream
     from streaming import StreamingDataset
 
-    result: dict[str, Any] = {"command": " ".join(["bench/mixing.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": command("mixing"),
                               "takes": [TAKE_A, TAKE_B], "steps": STEPS,
                               "shuffle_window": WINDOW, "num_workers": 0, "runs": []}
     with tempfile.TemporaryDirectory() as root:
@@ -185,8 +180,7 @@ def main() -> None:
                         "mix_vs_mosaic": ratio("lakestream-mix", "mosaic-streaming"),
                         "mix_vs_colocated": ratio("lakestream-mix", "colocated-mix")}
     print("ratios (median, min-max):", json.dumps(result["ratios"]))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "mixing.json").write_text(json.dumps(result, indent=1))
+    save("mixing.json", result)
     plot(result, RESULTS / "mixing.png")
 
 

@@ -1,6 +1,6 @@
 """Time and count the store requests of opening a local stream as its log grows.
 
-Usage: .venv/bin/python bench/open_cost.py [--versions 200 2000 20000]
+Usage: .venv/bin/python -m bench.open_cost [--versions 200 2000 20000]
 Writes bench/results/open_cost.json.
 """
 
@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 import lakestream
+from bench.output import save
 from lakestream.log.entries import Fence
 from lakestream.log.opening import load_state
 from lakestream.store import open_store
-
-RESULTS = Path(__file__).parent / "results"
 
 
 class Counting:
@@ -62,8 +59,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['versions']:>7} versions: open {r['open_ms_median']:.2f} ms, "
               f"requests {r['requests']}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "open_cost.json").write_text(json.dumps(rows, indent=2))
+    save("open_cost.json", rows, indent=2)
 
 
 if __name__ == "__main__":

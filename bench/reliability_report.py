@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import platform
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.output import RESULTS, ROOT
 
 
 def main() -> None:
-    tally = json.loads((ROOT / "bench" / "results" / "reliability.json").read_text())
+    tally = json.loads((RESULTS / "reliability.json").read_text())
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else None
     t = tally.get
     faults = {k.split(".", 1)[1]: v for k, v in tally.items()

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import statistics
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+from bench.output import RESULTS, ROOT
 
 
 def _load(name: str) -> dict[str, Any] | list[Any] | None:
     path = RESULTS / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def shown(command: str) -> str:
+    """A recorded command as it runs today: results from before bench/ was a package name the
+    script (``bench/loader.py --reps 3``); shown as ``python -m bench.loader --reps 3``."""
+    return re.sub(r"^bench/(\w+)\.py\b", r"python -m bench.\1", command.strip())
 
 
 def _target(ok: bool) -> str:
@@ -160,7 +165,7 @@ def _ingest_section(ingest: dict[str, Any]) -> list[str]:
                 + f"; last / first tenth = {g['ratio_last_to_first']:.2f}.", ""]
     else:
         out += ["The log-growth run (local store) was not part of this run.", ""]
-    out += [f"Command: `{ingest['command'].strip()}`", "", *DAC_CPU_BOUND, ""]
+    out += [f"Command: `{shown(ingest['command'])}`", "", *DAC_CPU_BOUND, ""]
     return out
 
 
@@ -208,7 +213,7 @@ def _scale_section(scale: dict[str, Any]) -> list[str]:
     g = scale.get("growth")
     if g:
         out += _growth_lines(g)
-    out += [f"Command: `{scale['command'].strip()}`", ""]
+    out += [f"Command: `{shown(scale['command'])}`", ""]
     return out
 
 
@@ -261,7 +266,7 @@ def _codecs_section(codecs: dict[str, Any]) -> list[str]:
         out.append(f"| {x['payload']} | {x['codec']} | {x['ratio']:.2f} | "
                    f"{x['encode_cpu_s_per_gb']:.2f} ({x['encode_cpu_s_per_gb_min']:.2f}-"
                    f"{x['encode_cpu_s_per_gb_max']:.2f}) | {x['decode_cpu_s_per_gb']:.2f} |")
-    return [*out, "", f"Command: `{codecs['command'].strip()}`", ""]
+    return [*out, "", f"Command: `{shown(codecs['command'])}`", ""]
 
 
 def _stages_section(stages: dict[str, Any]) -> list[str]:
@@ -280,7 +285,7 @@ def _stages_section(stages: dict[str, Any]) -> list[str]:
                    f"({st['store put alone']:.2f}) | {st['crc32']:.2f} | {st['size check']:.2f} "
                    f"| {st['conform']:.2f} | {st['committer (all)']:.2f} | "
                    f"{st['write call (all)']:.2f} |")
-    return [*out, "", f"Command: `{stages['command'].strip()}`", ""]
+    return [*out, "", f"Command: `{shown(stages['command'])}`", ""]
 
 
 def _tailing_section(tailing: dict[str, Any]) -> list[str]:
@@ -307,7 +312,7 @@ def _tailing_section(tailing: dict[str, Any]) -> list[str]:
                 f"{p50:.1f} ms, {_target(p50 <= 50)}. Readers in separate processes (DataLoader "
                 "workers, ranks on other hosts) each poll: there the GETs still grow with the "
                 "processes."]
-    return [*out, "", f"Command: `{tailing['command'].strip()}`", ""]
+    return [*out, "", f"Command: `{shown(tailing['command'])}`", ""]
 
 
 def _balance_section(balance: dict[str, Any]) -> list[str]:
@@ -332,7 +337,7 @@ def _balance_section(balance: dict[str, Any]) -> list[str]:
     out += ["", f"Target <= {balance['target']} on the rollout payload: {_target(met)}. "
             "Heavy-tailed lengths with two groups per rank stay above it at the bound: no "
             "equal-count split does better there.", "",
-            f"Command: `{balance['command'].strip()}`", ""]
+            f"Command: `{shown(balance['command'])}`", ""]
     return out
 
 
@@ -397,7 +402,7 @@ def _loader_section(loader: dict[str, Any]) -> list[str]:
             "The window starts once the pipeline is primed and ends "
             "as it drains, which favours loaders that read ahead (Lakestream) by an amount "
             "not measured.", "",
-            f"Command: `{loader['command'].strip()}`", ""]
+            f"Command: `{shown(loader['command'])}`", ""]
     return out
 
 
@@ -459,7 +464,7 @@ def _mixing_section(mixing: dict[str, Any]) -> list[str]:
             "interleaved passes each and reverted: letting reader threads share a window's "
             "decoding, and decoding the next window's fragments a share per step of the current "
             "one (which took the boundary stall from 80-100 ms to 20 ms) both raised CPU.", "",
-            f"Command: `{mixing['command'].strip()}`", ""]
+            f"Command: `{shown(mixing['command'])}`", ""]
     return out
 
 
@@ -498,64 +503,88 @@ def _sft_mix_section(sft: dict[str, Any]) -> list[str]:
             "decoding: a step's 60 rows are 60 slices from a dozen fragments (the window's), "
             "looked up in the cache and concatenated, and collation combines those chunks "
             "first; single-threaded that is about 1 ms of a 7 ms step.", "",
-            f"Command: `{sft['command'].strip()}`", ""]
+            f"Command: `{shown(sft['command'])}`", ""]
     return out
 
 
-def _ceiling_section(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """``bench/ceiling.py``'s runs: per setting GB/s, CPU-s per GB and the GIL's share."""
-    out = ["## The in-process loader's own ceiling (`bench/ceiling.py`)", "",
-           "A null consumer iterating `StreamDataset(uri, group=None)` in its own process over "
-           "a stream on tmpfs, at the defaults and at 1-15 read threads, each setting in a "
-           "fresh process, repetitions interleaved; medians (min-max). GIL seconds per GB "
-           "from one more pass under `py-spy record --gil`, and the in-process ceiling that "
-           "implies (1 / those seconds).", ""]
-    for title, r in runs:
-        out += [f"{title}, batches of 64, {r['batches']} batches, {r['reps']} repetitions, "
-                f"{r['cores']} cores (`bench/results/ceiling-{r['kind']}.json`):", "",
-                "| setting | GB/s | CPU-s per GB | CPU / 1 thread | GIL s per GB | implied "
-                "ceiling GB/s |", "| --- | --- | --- | --- | --- | --- |"]
-        for x in r["rows"]:
-            gil = x.get("gil_s_per_gb")
-            out.append(f"| {x['setting']} | {x['gb_per_s']:.2f} ({x['gb_per_s_min']:.2f}-"
-                       f"{x['gb_per_s_max']:.2f}) | {x['cpu_s_per_gb']:.2f} "
-                       f"({x['cpu_s_per_gb_min']:.2f}-{x['cpu_s_per_gb_max']:.2f}) | "
-                       f"{x['cpu_vs_1_thread']:.2f} | "
-                       + (f"{gil:.3f} | {x['ceiling_gb_per_s']:.1f} |" if gil else "- | - |"))
-        out.append("")
-    return out
+def _titled_section(intro: list[str], titled: tuple[tuple[str, str], ...],
+                    table: Callable[[str, dict[str, Any]], list[str]]) -> list[str]:
+    """A section over several results: ``intro``, then ``table(title, result)`` of each
+    (title, result name) in ``titled`` whose result is there; nothing where none is."""
+    runs = [(title, r) for title, name in titled if isinstance(r := _load(name), dict)]
+    return [*intro, *(line for title, r in runs for line in table(title, r))] if runs else []
 
 
-def _gpu_section(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """The stand-in (or CUDA) loader runs of ``bench/gpu.py``, one table per kind of data."""
-    out = ["## Multimodal loaders feeding one trainer (`bench/gpu.py`)", "",
-           "Batches of 64 samples fed to one trainer by each loader, each measurement in a "
-           "process of its own, repetitions interleaved; medians (min-max). With "
-           "`--stand-in` the trainer is the CPU stand-in of a launch-bound CUDA loop: its "
-           "thread runs tiny torch ops for a fixed 32 ms a step, so a loader's score is the "
-           "fraction of the run spent stepping (of synthetic batches). `next()` is the "
-           "trainer thread's CPU per batch outside the step; CPU-s per GB counts the trainer "
-           "process and its workers, less the steps; `dispatch` is the trainer's op rate "
-           "while stepping, of synthetic's.", ""]
-    for kind, r in runs:
-        m, c, s = r["machine"], r["config"], r["spreads"]
-        out += [f"{kind} ({c['batch']} a batch, {m['cores']} cores, {m.get('cpu', '')}, "
-                f"torch {m['torch']}):", "",
-                "| loader | of synthetic | samples/s | `next()` CPU ms | CPU-s per GB | "
-                "dispatch |", "| --- | --- | --- | --- | --- | --- |"]
-        for name, x in s.items():
-            out.append(f"| {name} | {_ratio(x['of_synthetic'])} | "
-                       f"{x['samples_per_s']['median']:.0f} | "
-                       f"{x['next_cpu_ms']['median']:.2f} | "
-                       f"{x['cpu_s_per_gb']['median']:.2f} | "
-                       f"{x['dispatch_of_synthetic']['median']:.2f} |")
-        for name, x in r["ratios"].items():
-            out.append(f"\n{name}: {_ratio(x)}.")
-        p = r["producer"]
-        out += ["", f"Writing the stream: a producer spent {p['cpu_s_per_raw_gb']:.2f} CPU-s "
-                f"per GB of raw samples ({p['fragments']} fragments).", "",
-                f"Command: `{r['command'].strip()}`", ""]
-    return out
+CEILING_INTRO = [
+    "## The in-process loader's own ceiling (`bench/ceiling.py`)", "",
+    "A null consumer iterating `StreamDataset(uri, group=None)` in its own process over a "
+    "stream on tmpfs, at the defaults and at 1-15 read threads, each setting in a fresh "
+    "process, repetitions interleaved; medians (min-max). GIL seconds per GB from one more "
+    "pass under `py-spy record --gil`, and the in-process ceiling that implies (1 / those "
+    "seconds).", ""]
+CEILING_RESULTS = (
+    ("Raw 224x224x3 uint8 images in a tensor column", "ceiling-raw"),
+    ("RL rollouts, list<int32> of 1-3k tokens, beside a colocated per-batch Parquet "
+     "DataLoader with one worker", "ceiling-tokens"),
+    ("JPEG q90 images decoded in `transform=` by PIL and by OpenCV (`cv2.imdecode`), per GB "
+     "of decoded pixels", "ceiling-jpeg"))
+
+
+def _ceiling_table(title: str, r: dict[str, Any]) -> list[str]:
+    """One ``bench/ceiling.py`` run: per setting GB/s, CPU-s per GB and the GIL's share."""
+    out = [f"{title}, batches of 64, {r['batches']} batches, {r['reps']} repetitions, "
+           f"{r['cores']} cores (`bench/results/ceiling-{r['kind']}.json`):", "",
+           "| setting | GB/s | CPU-s per GB | CPU / 1 thread | GIL s per GB | implied "
+           "ceiling GB/s |", "| --- | --- | --- | --- | --- | --- |"]
+    for x in r["rows"]:
+        gil = x.get("gil_s_per_gb")
+        out.append(f"| {x['setting']} | {x['gb_per_s']:.2f} ({x['gb_per_s_min']:.2f}-"
+                   f"{x['gb_per_s_max']:.2f}) | {x['cpu_s_per_gb']:.2f} "
+                   f"({x['cpu_s_per_gb_min']:.2f}-{x['cpu_s_per_gb_max']:.2f}) | "
+                   f"{x['cpu_vs_1_thread']:.2f} | "
+                   + (f"{gil:.3f} | {x['ceiling_gb_per_s']:.1f} |" if gil else "- | - |"))
+    return [*out, ""]
+
+
+GPU_INTRO = [
+    "## Multimodal loaders feeding one trainer (`bench/gpu.py`)", "",
+    "Batches of 64 samples fed to one trainer by each loader, each measurement in a process "
+    "of its own, repetitions interleaved; medians (min-max). With `--stand-in` the trainer "
+    "is the CPU stand-in of a launch-bound CUDA loop: its thread runs tiny torch ops for a "
+    "fixed 32 ms a step, so a loader's score is the fraction of the run spent stepping (of "
+    "synthetic batches). `next()` is the trainer thread's CPU per batch outside the step; "
+    "CPU-s per GB counts the trainer process and its workers, less the steps; `dispatch` is "
+    "the trainer's op rate while stepping, of synthetic's.", ""]
+GPU_RESULTS = (
+    ("Raw 224x224x3 uint8 images", "gpu_standin"),
+    ("JPEG q90 images decoded by PIL", "gpu_standin_jpeg"),
+    ("Raw 224x224x3 uint8 images, a stream whose own steps are 256 read with batch_size=64",
+     "gpu_standin_batch"),
+    ("Raw 224x224x3 uint8 images, the stream also on SeaweedFS behind a proxy holding every "
+     "GET 50 ms", "gpu_standin_s3"))
+"""The stand-in (or CUDA) loader runs of ``bench/gpu.py``, one table per kind of data."""
+
+
+def _gpu_table(kind: str, r: dict[str, Any]) -> list[str]:
+    """One ``bench/gpu.py`` run: per loader its rate of synthetic's, ``next()``'s CPU, its
+    CPU per GB and the trainer's dispatch rate; then its ratios and the producer's CPU."""
+    m, c, s = r["machine"], r["config"], r["spreads"]
+    out = [f"{kind} ({c['batch']} a batch, {m['cores']} cores, {m.get('cpu', '')}, "
+           f"torch {m['torch']}):", "",
+           "| loader | of synthetic | samples/s | `next()` CPU ms | CPU-s per GB | "
+           "dispatch |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, x in s.items():
+        out.append(f"| {name} | {_ratio(x['of_synthetic'])} | "
+                   f"{x['samples_per_s']['median']:.0f} | "
+                   f"{x['next_cpu_ms']['median']:.2f} | "
+                   f"{x['cpu_s_per_gb']['median']:.2f} | "
+                   f"{x['dispatch_of_synthetic']['median']:.2f} |")
+    for name, x in r["ratios"].items():
+        out.append(f"\n{name}: {_ratio(x)}.")
+    p = r["producer"]
+    return [*out, "", f"Writing the stream: a producer spent {p['cpu_s_per_raw_gb']:.2f} CPU-s "
+            f"per GB of raw samples ({p['fragments']} fragments).", "",
+            f"Command: `{shown(r['command'])}`", ""]
 
 
 def brokers_notes(brokers: dict[str, Any]) -> list[str]:
@@ -611,7 +640,7 @@ def _importing_section(r: dict[str, Any]) -> list[str]:
                    f"{x['cpu_s_per_gb']:.1f} |")
     return out + ["", f"import / loop: {_ratio(r['import_over_loop'])} (target: a producer's "
                   f"speed, 1x: {_target(r['import_over_loop']['median'] >= 0.95)}).", "",
-                  f"Command: `.venv/bin/python bench/importing.py --rows {r['rows']} "
+                  f"Command: `.venv/bin/python -m bench.importing --rows {r['rows']} "
                   f"--reps {r['reps']}`", ""]
 
 
@@ -624,8 +653,8 @@ def _s3cache_section(r: dict[str, Any]) -> list[str]:
            "fragment a batch) in process at the defaults, twice, from tmpfs, from SeaweedFS on "
            "127.0.0.1, and from it through a `DiskCache` on the local disk (`direct`: around "
            "the page cache, the default; and through it). This 2-core machine, "
-           f"`bench/s3cache.py --reps {r['reps']}`, `bench/results/s3cache.json`; median "
-           "repetition (min-max), ratios per repetition against tmpfs's same pass:", "",
+           f"`python -m bench.s3cache --reps {r['reps']}`, `bench/results/s3cache.json`; "
+           "median repetition (min-max), ratios per repetition against tmpfs's same pass:", "",
            "| configuration | pass | GB/s | x tmpfs | CPU-s per GB | CPU x tmpfs | "
            "fragment GETs |", "| --- | --- | --- | --- | --- | --- | --- |"]
     rows = {(x["config"], x["pass"]): x for x in r["rows"]}
@@ -649,7 +678,7 @@ def _s3race_section(r: dict[str, Any]) -> list[str]:
     out = ["## Conditional puts racing on SeaweedFS (`bench/s3race.py`)", "",
            f"{r['writers']} writers put the same new key with `If-None-Match: *` at once "
            f"(boto3, one attempt each), {r['rounds']} rounds, beside the same puts of keys "
-           f"nobody races for (`{r['command']}`, 2 cores, {r['server']}):", "",
+           f"nobody races for (`{shown(r['command'])}`, 2 cores, {r['server']}):", "",
            "| puts | n | p50 ms | p99 ms | max ms |", "| --- | --- | --- | --- | --- |"]
     for key, name in (("alone", "alone"), ("won", "raced, won"), ("lost", "raced, lost (412)")):
         x = r[key]
@@ -740,7 +769,7 @@ def main() -> None:
                 f"| produce -> visible p50 <= 20 ms (local) | "
                 f"{lat['lakestream']['p50_ms']:.1f} ms | "
                 f"{_target(lat['lakestream']['p50_ms'] <= 20)} |", "",
-                f"Command: `{brokers['command'].strip()}`", ""]
+                f"Command: `{shown(brokers['command'])}`", ""]
         out += brokers_notes(brokers)
         if r["slice_fetch_lakestream_over_redis"] > 1.0:
             out += ["Why a rank slice is slower than Redis: Redis answers `XRANGE` from memory "
@@ -774,7 +803,7 @@ def main() -> None:
                 f"| rank slice fetch no slower than TransferQueue (time ratio <= 1) | "
                 f"{r['slice_fetch_lakestream_over_tq']:.2f} | "
                 f"{_target(r['slice_fetch_lakestream_over_tq'] <= 1)} |", "",
-                f"Command: `{tq['command'].strip()}` (it re-runs itself under `unshare -n`)", ""]
+                f"Command: `{shown(tq['command'])}` (it re-runs itself under `unshare -n`)", ""]
         if r["ingest_lakestream_over_tq_4p"]["median"] < 2:
             out += ["Why ingest misses 2x: both sides are CPU-bound on the 2 shared cores, so "
                     "the ratio follows CPU per GB: TransferQueue "
@@ -822,7 +851,7 @@ def main() -> None:
                        f"{_target(sm['ratio_median'] >= want)} | "
                        f"{secs(sm['recovered_s_max'])} | {secs(resumed)} (<= {cap2:.0f} s: "
                        f"{_target(resumed is not None and resumed <= cap2)}) | {phases} |")
-        out += ["", f"Command: `{faults['command'].strip()}`", ""]
+        out += ["", f"Command: `{shown(faults['command'])}`", ""]
         fair = faults.get("fairness_fragments")
         if fair:
             out += ["Fragments each producer committed in one fault-free window as long as a "
@@ -853,31 +882,13 @@ def main() -> None:
                 f"{_ratio(small)} flat-out (median of {deltars.get('reps', 1)} interleaved "
                 f"repetitions, min-max), minimum {min(by_tenth):.2f}x over the growth run: "
                 f"{_target(small['median'] >= 3 and min(by_tenth) >= 3)}.", "",
-                f"Command: `{deltars['command'].strip()}`", ""]
+                f"Command: `{shown(deltars['command'])}`", ""]
     for name, section in SECTIONS:
         result = _load(name)
         if isinstance(result, dict) and (name != "loader" or "systems" in result):
             out += section(result)
-    ceiling = [(title, r) for title, name in (
-        ("Raw 224x224x3 uint8 images in a tensor column", "ceiling-raw"),
-        ("RL rollouts, list<int32> of 1-3k tokens, beside a colocated per-batch Parquet "
-         "DataLoader with one worker", "ceiling-tokens"),
-        ("JPEG q90 images decoded in `transform=` by PIL and by OpenCV (`cv2.imdecode`), per "
-         "GB of decoded pixels",
-         "ceiling-jpeg")) if isinstance(r := _load(name), dict)]
-    if ceiling:
-        out += _ceiling_section(ceiling)
-    gpu = [(kind, r) for kind, name in (("Raw 224x224x3 uint8 images", "gpu_standin"),
-                                        ("JPEG q90 images decoded by PIL", "gpu_standin_jpeg"),
-                                        ("Raw 224x224x3 uint8 images, a stream whose own "
-                                         "steps are 256 read with batch_size=64",
-                                         "gpu_standin_batch"),
-                                        ("Raw 224x224x3 uint8 images, the stream also on "
-                                         "SeaweedFS behind a proxy holding every GET 50 ms",
-                                         "gpu_standin_s3"))
-           if isinstance(r := _load(name), dict)]
-    if gpu:
-        out += _gpu_section(gpu)
+    out += _titled_section(CEILING_INTRO, CEILING_RESULTS, _ceiling_table)
+    out += _titled_section(GPU_INTRO, GPU_RESULTS, _gpu_table)
     (ROOT / "BENCHMARKS.md").write_text("\n".join(out))
 
 

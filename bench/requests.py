@@ -1,7 +1,7 @@
 """What the object store serves a training job, counted, and the model of it at 64 and 512
 ranks.
 
-Usage: .venv/bin/python bench/requests.py [--ranks 8] [--rest 4] [--load 10] [--rate 25]
+Usage: .venv/bin/python -m bench.requests [--ranks 8] [--rest 4] [--load 10] [--rate 25]
 Writes bench/results/requests.json.
 
 SeaweedFS on 127.0.0.1. ``--ranks`` processes (one host) each read their slice of a stream
@@ -13,7 +13,7 @@ kind (GET of a whole object, a range or a buffer; HEAD; LIST; PUT; DELETE) and p
 log, fragments, the rest of ``_lakestream/``), GETs of the log split into those that found an
 entry and those that found nothing.
 
-``model`` (a pure function, tested in ``tests/bench/test_request_model.py``) scales those
+``model`` (a pure function, tested in ``tests/test_request_model.py``) scales those
 rates to H hosts of R ranks: per rank, the log's GETs are one per version committed plus
 the reads that find nothing (at rest, one each ``POLL_REST_S``, 20 a second; under load, as
 counted), and the fragments' GETs
@@ -27,18 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from spawn import run_workers  # noqa: E402
+from bench.output import command, save
+from bench.spawn import run_workers
+from lakestream.log.head import POLL_REST_S
 
-from lakestream.log.head import POLL_REST_S  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 PREFIX_GETS_PER_S = 5500
 """S3's documented GET (and HEAD) rate per partitioned prefix."""
 REST_EMPTY_READS_PER_S = 1 / POLL_REST_S
@@ -129,8 +124,7 @@ def _rank(uri: str, options: dict[str, str], rank: int, ranks: int, rest_until: 
 
 def _producer(uri: str, options: dict[str, str], k: int, rest_until: float, load_until: float,
               rate: float, out: Any) -> None:
-    import payload
-
+    from bench import payload
     from lakestream.producers import Producer
 
     groups = [payload.rollouts(GROUP, GROUP, seed=n, min_tokens=64, max_tokens=192)
@@ -153,9 +147,8 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=25.0, help="writes a second per producer")
     args = ap.parse_args()
-    import payload
-
     import lakestream
+    from bench import payload
     from tests.s3server import BUCKET, start_s3
 
     server = start_s3()
@@ -182,12 +175,9 @@ def main() -> None:
              for h, per in ((8, 8), (64, 8))}
     rest = {f"{h}x{per}": model(h, per, 0.0, 0.0, 0.0, 0.0, REST_EMPTY_READS_PER_S)
             for h, per in ((8, 8), (64, 8))}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "requests.json").write_text(json.dumps(
-        {"args": vars(args), "ranks": ranks, "measured": measured, "load_s": load_s,
-         "model_load": table, "model_rest": rest,
-         "command": " ".join(["bench/requests.py", *sys.argv[1:]]), "time": time.ctime()},
-        indent=1))
+    save("requests.json", {"args": vars(args), "ranks": ranks, "measured": measured,
+                           "load_s": load_s, "model_load": table, "model_rest": rest,
+                           "command": command("requests"), "time": time.ctime()})
     print(json.dumps({"measured": measured, "model_load": table, "model_rest": rest},
                      indent=1))
 

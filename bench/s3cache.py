@@ -3,7 +3,7 @@ the defaults with a null consumer, from tmpfs, from a SeaweedFS server on 127.0.
 that server through a host disk cache (``DiskCache``, on the local disk), through the page
 cache and around it (``direct=True``).
 
-Usage: .venv/bin/python bench/s3cache.py [--reps 3] [--batches 48]
+Usage: .venv/bin/python -m bench.s3cache [--reps 3] [--batches 48]
 Writes bench/results/s3cache.json and .png.
 
 The same stream (batches of 64 raw 224x224x3 ``uint8`` images in a tensor column, one
@@ -26,11 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reps import median  # noqa: E402
+from bench.output import RESULTS, ROOT, save
+from bench.reps import median
 
-RESULTS = Path(__file__).parent / "results"
 BATCH_BYTES = 64 * 224 * 224 * 3
 
 CHILD = r'''
@@ -65,8 +63,7 @@ def _run(uri: str, options: dict[str, str] | None, cache: str | None, batches: i
          ) -> list[dict[str, Any]]:
     out = subprocess.run([sys.executable, "-c", CHILD, uri, json.dumps(options or {}),
                           cache or "-", str(batches), str(BATCH_BYTES)],
-                         capture_output=True, text=True, timeout=1800,
-                         cwd=Path(__file__).resolve().parent)
+                         capture_output=True, text=True, timeout=1800, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-3000:])
     passes: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -86,8 +83,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", type=int, default=48)
     args = ap.parse_args()
-    import gpu
-
+    from bench import gpu
     from tests.s3server import BUCKET, start_s3
 
     root = tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
@@ -134,8 +130,7 @@ def main() -> None:
               "cpu_vs_tmpfs_min": min(cpu), "cpu_vs_tmpfs_max": max(cpu)}
     result = {"batches": args.batches, "batch_bytes": BATCH_BYTES, "reps": args.reps,
               "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "s3cache.json").write_text(json.dumps(result, indent=1))
+    save("s3cache.json", result)
     _plot(rows, RESULTS / "s3cache.png")
     for r in rows:
         print(f"{r['config']:>16} pass {r['pass']}: {r['gb_per_s']:.2f} GB/s "

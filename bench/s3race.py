@@ -1,6 +1,6 @@
 """How long the S3 server of the tests takes to answer conditional puts that race.
 
-Usage: .venv/bin/python bench/s3race.py [--writers 4] [--rounds 40] [--budget-s 120]
+Usage: .venv/bin/python -m bench.s3race [--writers 4] [--rounds 40] [--budget-s 120]
 Writes bench/results/s3race.json.
 
 A commit is a put of the next log version with ``If-None-Match: *``; when producers race for
@@ -16,18 +16,12 @@ here on 127.0.0.1 (``tests/s3server.py``).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.s3server import BUCKET, start_s3  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
+from bench.output import command, save
+from tests.s3server import BUCKET, start_s3
 
 
 def _client(options: dict[str, str]) -> Any:
@@ -101,7 +95,7 @@ def main() -> None:
     winners = [sum(what == "won" for what, _ in r) for r in rounds]
     held = sum(max(t for _, t in r) >= 0.5 for r in rounds)
     result = {
-        "command": " ".join(["bench/s3race.py", *sys.argv[1:]]), "server": "SeaweedFS",
+        "command": command("s3race"), "server": "SeaweedFS",
         "writers": args.writers, "rounds": len(rounds),
         "alone": _summary(alone), "won": _summary(won), "lost": _summary(lost),
         "rounds_with_an_answer_of_500ms_or_more": held,
@@ -109,8 +103,7 @@ def main() -> None:
         "other_answers": other,
         "raw_seconds": [[[what, round(t, 4)] for what, t in r] for r in rounds],
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "s3race.json").write_text(json.dumps(result, indent=1))
+    save("s3race.json", result)
     for name in ("alone", "won", "lost"):
         s = result[name]
         print(f"{name:6} n {s['n']:4}  p50 {s['p50_ms']:8.1f}  p99 {s['p99_ms']:8.1f}  "

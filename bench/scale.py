@@ -1,7 +1,7 @@
 """Metadata at scale: what opening, holding, reading and producing cost on streams with 1k,
 10k, 100k and 1M live fragments (local store), then the 20,000-version growth run.
 
-Usage: .venv/bin/python bench/scale.py [--fragments 1000 10000 100000 1000000] [--rounds 21]
+Usage: .venv/bin/python -m bench.scale [--fragments 1000 10000 100000 1000000] [--rounds 21]
        [--no-growth]
 Writes bench/results/scale.json and bench/results/scale.png.
 
@@ -31,21 +31,17 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pyarrow as pa
 
-import pyarrow as pa  # noqa: E402
-from spawn import run_workers  # noqa: E402
+import lakestream
+from bench.output import RESULTS, command, save
+from bench.spawn import run_workers
 
-import lakestream  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 B = 16
 VERSIONS = 100
 """Appends a stream is built in, at least: more where a commit would exceed the 10,000
@@ -246,11 +242,11 @@ def main() -> None:
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
-        "command": " ".join(["bench/scale.py", *sys.argv[1:]]), "streams": []}
+        "command": command("scale"), "streams": []}
     with tempfile.TemporaryDirectory() as root:
         result["streams"] = measure(root, args.fragments, args.rounds)
         if not args.no_growth:
-            import ingest
+            from bench import ingest
 
             g = ingest.growth(root, args.growth_versions, 4)
             result["growth"] = {k: v for k, v in g.items() if k != "points"}
@@ -268,8 +264,7 @@ def main() -> None:
         k: large[k] / small[k] for k in ("open_s", "handle_bytes", "producer_bytes",
                                          "read_first_s", "read_last_s")}
     print("largest / smallest:", json.dumps(result["large_over_small"]))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scale.json").write_text(json.dumps(result, indent=1))
+    save("scale.json", result)
     plot(result, RESULTS / "scale.png")
 
 

@@ -14,7 +14,7 @@ CPU-s per GB read stands beside MB/s. A last, untimed pass of each counts the fr
 and the Parquet row groups decoded, per fragment read: 1.0 when each is fetched and decoded
 once however many steps draw on it.
 
-Usage: .venv/bin/python bench/sft_mix.py [--reps 5] [--steps 160]
+Usage: .venv/bin/python -m bench.sft_mix [--reps 5] [--steps 160]
 Writes bench/results/sft_mix.json (and sft_mix.png where matplotlib is installed).
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,16 +29,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import payload  # noqa: E402
-from reps import drain, plot_bars, spread, summarise  # noqa: E402
+import lakestream
+from bench import payload
+from bench.output import RESULTS, command, save
+from bench.reps import drain, plot_bars, spread, summarise
+from lakestream.loaders import Source, StreamDataset
+from tests.helpers import count_reads
 
-import lakestream  # noqa: E402
-from lakestream.loaders import Source, StreamDataset  # noqa: E402
-from tests.helpers import count_reads  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 TAKE_A, TAKE_B, WINDOW, FRAGMENT = 45, 15, 10, 64
 
 
@@ -89,7 +85,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs=2, default=[1024, 3072],
                         metavar=("MIN", "MAX"), help="tokens a sample")
     args = parser.parse_args()
-    result: dict[str, Any] = {"command": " ".join(["bench/sft_mix.py", *sys.argv[1:]]),
+    result: dict[str, Any] = {"command": command("sft_mix"),
                               "takes": [TAKE_A, TAKE_B], "shuffle_window": WINDOW,
                               "fragment_samples": FRAGMENT, "group_size": 1,
                               "steps": args.steps, "tokens": args.tokens, "num_workers": 0,
@@ -123,8 +119,7 @@ def main() -> None:
     result["ratios"] = {"shuffled_mix_vs_log_order": spread(
         [by[("shuffled-mix", k)] / by[("log-order", k)] for k in range(args.reps)])}
     print("ratios (median, min-max):", json.dumps(result["ratios"]))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sft_mix.json").write_text(json.dumps(result, indent=1))
+    save("sft_mix.json", result)
     try:
         plot(result, RESULTS / "sft_mix.png")
     except ImportError:

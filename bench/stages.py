@@ -5,7 +5,7 @@ the same encode and put measured alone in the same run.
 One producer, local store, 16-sample RL fragments (~267 KB), flat out for ``--seconds``,
 for each codec and upload-thread count, ``--reps`` interleaved repetitions (medians).
 
-Usage: .venv/bin/python bench/stages.py [--seconds 5] [--reps 3]
+Usage: .venv/bin/python -m bench.stages [--seconds 5] [--reps 3]
 Writes bench/results/stages.json.
 """
 
@@ -13,31 +13,25 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import platform
-import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from zlib_ng import zlib_ng
 
-import payload  # noqa: E402
-from floor import floors  # noqa: E402
-from reps import median  # noqa: E402
-from zlib_ng import zlib_ng  # noqa: E402
+import lakestream
+import lakestream.producers.producer as producer_module
+from bench import payload
+from bench.floor import floors
+from bench.output import RESULTS, command, save
+from bench.reps import median
+from lakestream.producers import Producer, ProducerOptions
+from lakestream.producers.committer import Committer
+from lakestream.store.local import LocalStore
 
-import lakestream  # noqa: E402
-import lakestream.producers.producer as producer_module  # noqa: E402
-from lakestream.producers import Producer, ProducerOptions  # noqa: E402
-from lakestream.producers.committer import Committer  # noqa: E402
-from lakestream.store.local import LocalStore  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 _spent: collections.Counter[str] = collections.Counter()
 _lock = threading.Lock()
 
@@ -127,10 +121,8 @@ def main() -> None:
                      "stages_cpu_s_per_gb": stages})
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "platform": platform.platform()},
-              "command": "bench/stages.py " + " ".join(sys.argv[1:]), "reps": args.reps,
-              "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "stages.json").write_text(json.dumps(result, indent=1))
+              "command": command("stages"), "reps": args.reps, "rows": rows}
+    save("stages.json", result)
 
 
 if __name__ == "__main__":

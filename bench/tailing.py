@@ -12,7 +12,7 @@ minus the step's commit. Readers do not decode the steps: 64 decoding threads wo
 poll of the log head (``lakestream/log/head.py``); readers in separate processes each poll, so
 there the GETs grow with the processes (not measured here).
 
-Usage: .venv/bin/python bench/tailing.py [--readers 1 64] [--steps 100] [--interval 0.05]
+Usage: .venv/bin/python -m bench.tailing [--readers 1 64] [--steps 100] [--interval 0.05]
 Writes bench/results/tailing.json.
 """
 
@@ -23,26 +23,20 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import lakestream
+from bench import payload
+from bench.output import command, save
+from bench.reps import median
+from lakestream.loaders.reader import StepReader
+from lakestream.store.local import LocalStore
+from lakestream.store.s3 import S3Store
 
-import payload  # noqa: E402
-from reps import median  # noqa: E402
-
-import lakestream  # noqa: E402
-from lakestream.loaders.reader import StepReader  # noqa: E402
-from lakestream.store.local import LocalStore  # noqa: E402
-from lakestream.store.s3 import S3Store  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results"
 B = 16
 _gets: Counter[str] = Counter()
 
@@ -166,11 +160,10 @@ def main() -> None:
                             "visible_p99_ms": median([r["visible_p99_ms"] for r in mine])})
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "platform": platform.platform()},
-              "command": "bench/tailing.py " + " ".join(sys.argv[1:]), "reps": args.reps,
+              "command": command("tailing"), "reps": args.reps,
               "interval_s": args.interval, "runs": rows, "summary": summary}
     print(json.dumps(summary, indent=1))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "tailing.json").write_text(json.dumps(result, indent=1))
+    save("tailing.json", result)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 Ray, with the same rollout samples, in one run.
 
 TransferQueue's SimpleStorage keeps samples in Ray actors and moves them over ZeroMQ. Ray
-binds listeners to every interface even when told 127.0.0.1, so this script re-runs itself
+binds listeners to every interface even when told 127.0.0.1, so this benchmark re-runs itself
 inside a network namespace with only loopback up (``unshare -n``; ``-r`` maps root when not
 run as root), and Lakestream runs in that same namespace. Ray gets 8 logical CPUs: with 2,
 TransferQueue's actors wait on each other forever.
@@ -12,7 +12,7 @@ of sample payload per s, CPU-s per GB over producers and the Ray processes), the
 fetch one rank's slice (32 of a global batch of 256) and how fast one consumer drains 40
 global batches in order (``kv_batch_get`` of a global batch at a time).
 
-Run: bench/setup-env && .venv-bench/bin/python bench/transferqueue.py
+Run: bench/setup-env && .venv-bench/bin/python -m bench.transferqueue
 Writes bench/results/transferqueue.json and transferqueue.png.
 """
 
@@ -31,12 +31,11 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import brokers
-import payload
 import pyarrow as pa
-import reps
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench import brokers, payload, reps
+from bench.output import RESULTS, command, save
+
 GROUP, B, WORLD = brokers.GROUP, brokers.B, brokers.WORLD
 PUT_BATCHES = (128, 512)  # samples per kv_batch_put; larger is faster for TransferQueue
 _IN_NETNS = "LAKESTREAM_BENCH_NETNS"
@@ -45,7 +44,8 @@ _IN_NETNS = "LAKESTREAM_BENCH_NETNS"
 def _reexec_in_netns() -> None:
     os.environ[_IN_NETNS] = "1"
     argv = ["unshare", "-n", *(["-r"] if os.geteuid() else []), "sh", "-c",
-            'ip link set lo up && exec "$0" "$@"', sys.executable, *sys.argv]
+            'ip link set lo up && exec "$0" "$@"', sys.executable, "-m",
+            "bench.transferqueue", *sys.argv[1:]]
     os.execvp("unshare", argv)
 
 
@@ -241,8 +241,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
         "versions": {"transferqueue": version("transferqueue"), "ray": version("ray")},
-        "command": "bench/transferqueue.py " + " ".join(sys.argv[1:]),
-        "ingest": [], "consume": []}
+        "command": command("transferqueue"), "ingest": [], "consume": []}
     with tempfile.TemporaryDirectory() as tmp:
         result["consume"].append(brokers.consume("lakestream", tmp))
     t0 = time.perf_counter()
@@ -274,8 +273,7 @@ def main() -> None:
               f"{r['drain_mb_per_s']:7.1f} MB/s")
     result["ratios"] = ratios(result)
     print(json.dumps(result["ratios"], indent=1))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "transferqueue.json").write_text(json.dumps(result, indent=1))
+    save("transferqueue.json", result)
     plot(result, RESULTS / "transferqueue.png")
 
 

@@ -1,6 +1,6 @@
 """Before and after: the same measurements on two checkouts of Lakestream, interleaved.
 
-Usage: .venv/bin/python bench/versions.py --before /path/to/checkout [--after /path] [--reps 5]
+Usage: .venv/bin/python -m bench.versions --before /path/to/checkout [--after /path] [--reps 5]
 Writes bench/results/versions.json.
 
 Each checkout runs the measurements with its own ``.venv/bin/python`` (an editable install of
@@ -22,23 +22,29 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reps import median  # noqa: E402
+from bench.output import RESULTS, ROOT
+from bench.reps import median
 
-RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("write", "read", "open")
+PAYLOAD = Path(__file__).resolve().with_name("payload.py")
 
-MEASURE = r'''
-import json, sys, time, tempfile
-sys.path.insert(0, sys.argv[3])
-import payload
+LOAD_PAYLOAD = r'''
+import importlib.util, sys
+_spec = importlib.util.spec_from_file_location("payload", sys.argv[-1])
+payload = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(payload)
+'''
+"""The children's first lines: ``bench/payload.py`` (numpy and pyarrow only) loaded from
+its path, their last argument, rather than by the search path: nothing of this checkout
+comes before the ``lakestream`` their own checkout's venv installs."""
+
+MEASURE = LOAD_PAYLOAD + r'''
+import json, time, tempfile
 import lakestream
 kind, root = sys.argv[1], sys.argv[2]
 groups = [payload.rollouts(16, 16, seed=k, min_tokens=64, max_tokens=192) for k in range(8)]
@@ -71,10 +77,7 @@ else:
     print(json.dumps({"value": 1e6 * best, "unit": "CPU-us per open (best of 20)"}))
 '''
 
-PREPARE = r'''
-import sys
-sys.path.insert(0, sys.argv[2])
-import payload
+PREPARE = LOAD_PAYLOAD + r'''
 import lakestream
 from lakestream.log import Fence
 root = sys.argv[1]
@@ -110,17 +113,16 @@ def main() -> None:
     args = ap.parse_args()
     trees = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
     pythons = {k: str(t / ".venv" / "bin" / "python") for k, t in trees.items()}
-    bench = str(Path(__file__).resolve().parent)
     runs: list[dict[str, Any]] = []
     tmp_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
         # One stream for both: the log format is the same, and reading is what is measured.
-        subprocess.run([pythons["before"], "-c", PREPARE, tmp, bench], check=True, cwd=tmp,
-                       timeout=600)
+        subprocess.run([pythons["before"], "-c", PREPARE, tmp, str(PAYLOAD)], check=True,
+                       cwd=tmp, timeout=600)
         for rep in range(args.reps):
             for kind in args.kinds:
                 for who in ("before", "after") if rep % 2 == 0 else ("after", "before"):
-                    r = _run(pythons[who], MEASURE, kind, tmp, bench)
+                    r = _run(pythons[who], MEASURE, kind, tmp, str(PAYLOAD))
                     runs.append({"rep": rep, "kind": kind, "who": who, **r})
                     print(f"rep {rep} {kind:5} {who:6} {r['value']:9.1f} {r['unit']}",
                           flush=True)

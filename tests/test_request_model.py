@@ -3,24 +3,16 @@ says at 512 ranks (docs/design.md, "Requests at 64 and 512 ranks")."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from bench import requests as request_model
 from lakestream.log.head import POLL_REST_S
-
-_spec = importlib.util.spec_from_file_location(
-    "request_model", Path(__file__).resolve().parents[1] / "bench" / "requests.py")
-assert _spec is not None and _spec.loader is not None
-requests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(requests)
 
 
 def test_the_model_counts_per_rank_per_host_and_per_prefix() -> None:
-    m = requests.model(8, 8, versions_per_s=10.0, steps_per_s=2.0,
-                       fragments_per_rank_step=1.0, fragments_per_host_step=8.0,
-                       empty_reads_per_s=20.0)
+    m = request_model.model(8, 8, versions_per_s=10.0, steps_per_s=2.0,
+                            fragments_per_rank_step=1.0, fragments_per_host_step=8.0,
+                            empty_reads_per_s=20.0)
     assert m["ranks"] == 64
     assert m["log_gets_per_rank_s"] == 30.0  # 10 versions + 20 empty reads
     assert m["log_gets_per_s_head_per_process"] == 64 * 30.0
@@ -35,7 +27,7 @@ def test_at_rest_512_ranks_polling_per_process_exceed_a_prefix_and_per_host_do_n
     10,240 GETs a second, past the 5,500 one S3 prefix serves; one poller a host (64) would
     send 1,280."""
     rest = 1 / POLL_REST_S
-    assert rest == requests.REST_EMPTY_READS_PER_S
-    m = requests.model(64, 8, 0.0, 0.0, 0.0, 0.0)
+    assert rest == request_model.REST_EMPTY_READS_PER_S
+    m = request_model.model(64, 8, 0.0, 0.0, 0.0, 0.0)
     assert m["log_gets_per_s_head_per_process"] == pytest.approx(512 * rest) and 512 * rest > 5500
     assert m["log_gets_per_s_head_per_host"] == pytest.approx(64 * rest) and 64 * rest < 5500

@@ -80,7 +80,7 @@ def balance_groups(costs: np.ndarray | Sequence[int], world_size: int) -> list[n
         return [np.arange(c.size)]
     order = np.argsort(-c, kind="stable")  # descending; equal costs by group index
     ranked = c[order]
-    subsets = _largest_differencing(ranked.tolist(), w)
+    subsets = largest_differencing(ranked.tolist(), w)
     owner = np.empty(c.size, np.int64)
     for k, (_, positions) in enumerate(subsets):
         owner[positions] = k
@@ -91,9 +91,10 @@ def balance_groups(costs: np.ndarray | Sequence[int], world_size: int) -> list[n
     return groups
 
 
-def _largest_differencing(ranked: list[int], w: int) -> list[_Subset]:
-    """Balanced largest differencing over costs in descending order: W subsets of equal
-    count, as (sum, positions in ``ranked``)."""
+def largest_differencing(ranked: list[int], w: int) -> list[_Subset]:
+    """Balanced largest differencing (Karmarkar-Karp) over costs in descending order: W
+    subsets of equal count, as (sum, positions in ``ranked``), before the local search that
+    ``balance_groups`` runs on them (``bench/balance.py`` measures what that search adds)."""
     heap: list[tuple[int, int, list[_Subset]]] = []
     for k, lo in enumerate(range(0, len(ranked), w)):
         part = [(ranked[p], [p]) for p in range(lo, lo + w)]  # already largest first
