@@ -1,4 +1,5 @@
-"""Object stores: the protocol, and a factory that picks the backend from a stream URI."""
+"""Object stores: the protocol, a factory that picks the backend from a stream URI, and the
+hooks that see every request a store makes (``add_request_hook``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import re
 from typing import Any
 
 from lakestream.store.base import ObjectMeta, ObjectStore, PutMode, check_key
+from lakestream.store.hooks import Request, add_request_hook
 from lakestream.store.local import LocalStore
 
-__all__ = ["ObjectMeta", "ObjectStore", "PutMode", "check_key", "is_remote", "LocalStore",
-           "open_filesystem",
-           "open_store", "split_uri"]
+__all__ = ["LocalStore", "ObjectMeta", "ObjectStore", "PutMode", "Request", "add_request_hook",
+           "check_key", "is_remote", "open_filesystem", "open_store", "split_uri"]
 
 
 def open_store(uri: str, storage_options: dict[str, str] | None = None) -> ObjectStore:

@@ -19,6 +19,7 @@ from lakestream.errors import (
     StoreError,
 )
 from lakestream.store.base import Buffer, ObjectMeta, PutMode, check_key, too_large
+from lakestream.store.hooks import observed, request
 from lakestream.store.pool import read_file
 
 TMP_PREFIX = ".tmp-"
@@ -48,6 +49,7 @@ class NotAFileError(OSError):
     the store reads no such thing, and never waits on one."""
 
 
+@observed
 class LocalStore:
     """A directory as an object store.
 
@@ -204,6 +206,7 @@ class LocalStore:
         os.close(fd)
         return tmp
 
+    @request("put")
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> None:
         with self._errors("writing", key), self._at(key, create=True) as (dfd, name):
             if mode == "create" and self._unnamed and self._create_unnamed(dfd, name, data):
@@ -265,6 +268,7 @@ class LocalStore:
         finally:
             os.close(dfd)
 
+    @request("get")
     def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
         try:
             fd, size = self._open_key(key)
@@ -279,6 +283,7 @@ class LocalStore:
             raise self._mapped("reading", key, e) from (e if _chained(e) else None)
         return too_large(key, data, max_bytes)
 
+    @request("get_buffer")
     def get_buffer(self, key: str, size: int) -> Buffer:
         """See ``ObjectStore.get_buffer``: read into a block of the process's buffer pool
         (``lakestream.store.pool``), whose pages are mapped already after the first reads,
@@ -294,6 +299,7 @@ class LocalStore:
         except OSError as e:
             raise self._mapped("reading", key, e) from (e if _chained(e) else None)
 
+    @request("get_range")
     def get_range(self, key: str, start: int, end: int) -> bytes:
         with self._errors("reading", key), self._at(key) as (dfd, name):
             fd, _ = self._open(dfd, name)
@@ -302,6 +308,7 @@ class LocalStore:
             finally:
                 os.close(fd)
 
+    @request("head")
     def head(self, key: str) -> ObjectMeta:
         with self._errors("reading", key), self._at(key) as (dfd, name):
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -309,12 +316,14 @@ class LocalStore:
                 raise NotAFileError(errno.EINVAL, f"{name} is not a regular file")
         return ObjectMeta(key, st.st_size, st.st_mtime)
 
+    @request("open_input")
     def open_input(self, key: str, size: int | None = None) -> BinaryIO:
         with self._errors("reading", key), self._at(key) as (dfd, name):
             return os.fdopen(self._open(dfd, name)[0], "rb")
 
     # -- listing and deleting ------------------------------------------------------------
 
+    @request("list")
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         return self._walk(prefix, temp=False)
 
@@ -361,6 +370,7 @@ class LocalStore:
         found.sort(key=lambda m: m.key)
         return iter(found)
 
+    @request("delete")
     def delete(self, key: str) -> None:
         """Deletes ``key`` (a link is deleted itself, never what it points at); deleting an
         absent key is not an error."""

@@ -44,6 +44,7 @@ from lakestream.store.base import (
     check_key,
     too_large,
 )
+from lakestream.store.hooks import observed, request
 from lakestream.store.s3_options import S3Options, check_config, lookup, with_client_environment
 from lakestream.store.s3errors import Reply, first_line, s3_error
 from lakestream.store.slots import cpu_slots
@@ -168,6 +169,7 @@ def s3_filesystem(uri: str, options: S3Options | None = None) -> Any:
     return _Filesystem("s3", skip_instance_cache=True)  # type: ignore[call-overload]
 
 
+@observed
 class S3Store:
     """A bucket prefix as an object store. ``put(mode="create")`` sends ``If-None-Match: *``.
 
@@ -211,6 +213,7 @@ class S3Store:
     def _fail(self, what: str, key: str, e: Exception) -> LakestreamError:
         return s3_error(what, f"{self.uri}/{key}", self.bucket, e)
 
+    @request("put")
     def put(self, key: str, data: bytes | memoryview, *, mode: PutMode = "overwrite") -> None:
         """Writes ``data``; a 409 (a conflicting write in flight) is retried here, with
         capped jittered backoff, since the client does not retry it. After a retry a 412
@@ -227,6 +230,7 @@ class S3Store:
             cap = min(self.options.backoff_cap_s, self.options.backoff_init_s * 2 ** attempt)
             time.sleep(random.uniform(cap / 2, cap))
 
+    @request("get")
     def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
         if max_bytes is not None:
             return too_large(key, self.get_range(key, 0, max_bytes + 1), max_bytes)
@@ -236,6 +240,7 @@ class S3Store:
         except (_ObError, OSError) as e:
             raise self._fail("reading", key, e) from None
 
+    @request("get_buffer")
     def get_buffer(self, key: str, size: int) -> Buffer:
         """See ``ObjectStore.get_buffer``: the client's own buffer, not a copy of it."""
         try:
@@ -246,6 +251,7 @@ class S3Store:
                 return b""
             raise self._fail("reading", key, e) from None
 
+    @request("get_range")
     def get_range(self, key: str, start: int, end: int) -> bytes:
         if end <= start:
             return b""
@@ -260,6 +266,7 @@ class S3Store:
                 return self.get(key)
             raise self._fail("reading", key, e) from None
 
+    @request("head")
     def head(self, key: str) -> ObjectMeta:
         try:
             with cpu_slots().waiting():
@@ -268,6 +275,7 @@ class S3Store:
             raise self._fail("inspecting", key, e) from None
         return ObjectMeta(key, int(meta["size"]), meta["last_modified"].timestamp())
 
+    @request("list")
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         try:
             found = [ObjectMeta(m["path"], int(m["size"]), m["last_modified"].timestamp())
@@ -277,6 +285,7 @@ class S3Store:
         found.sort(key=lambda m: m.key)
         yield from found
 
+    @request("delete")
     def delete(self, key: str) -> None:
         try:
             obstore.delete(self._store, check_key(key))
@@ -285,6 +294,7 @@ class S3Store:
         except (_ObError, OSError) as e:
             raise self._fail("deleting", key, e) from None
 
+    @request("open_input")
     def open_input(self, key: str, size: int | None = None) -> BinaryIO:
         if size is None:
             size = self.head(key).size

@@ -1,0 +1,91 @@
+"""Request hooks: each request a store makes seen once, after it, with its outcome; a hook
+may add latency or fail the request; with none set the store's methods are its own."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import lakestream
+from lakestream.errors import NotFoundError, StoreError
+from lakestream.store.hooks import Request, add_request_hook
+from lakestream.store.local import LocalStore
+from tests.helpers import SCHEMA, rows
+
+
+def test_each_request_is_seen_once_with_its_outcome(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path))
+    seen: list[Request] = []
+    remove = add_request_hook(seen.append)
+    try:
+        store.put("a/b", b"12345")
+        assert store.get("a/b") == b"12345"
+        assert store.get_range("a/b", 1, 3) == b"23"
+        with pytest.raises(NotFoundError):
+            store.get("a/missing")
+        store.head("a/b")
+        list(store.list("a/"))
+        store.delete("a/b")
+    finally:
+        remove()
+    assert [(r.op, r.key, r.nbytes) for r in seen] == [
+        ("put", "a/b", 5), ("get", "a/b", 5), ("get_range", "a/b", 2), ("get", "a/missing", None),
+        ("head", "a/b", None), ("list", "a/", None), ("delete", "a/b", None)]
+    assert isinstance(seen[3].error, NotFoundError) and seen[0].error is None
+    assert all(r.seconds >= 0 for r in seen)
+    store.put("a/c", b"x")
+    assert len(seen) == 7  # removed: seen no more
+
+
+def test_without_a_hook_the_methods_are_the_stores_own() -> None:
+    own = LocalStore.get
+    remove = add_request_hook(lambda r: None)
+    try:
+        assert LocalStore.get is not own and LocalStore.get.__wrapped__ is own  # type: ignore[attr-defined]
+    finally:
+        remove()
+    assert LocalStore.get is own
+    remove()  # removing twice is harmless
+
+
+def test_a_stream_counts_its_log_reads_and_a_hook_adds_latency(tmp_path: Path) -> None:
+    s = lakestream.create(str(tmp_path / "s"), SCHEMA, global_batch_size=4)
+    s.append(rows(0, 4))
+    log_gets: list[str] = []
+
+    def hook(r: Request) -> None:
+        if r.op == "get" and r.key.startswith("_delta_log/"):
+            log_gets.append(r.key)
+        time.sleep(0.01)
+
+    remove = add_request_hook(hook)
+    try:
+        t0 = time.monotonic()
+        s.refresh()  # one GET: the next version, absent
+        assert time.monotonic() - t0 >= 0.01
+    finally:
+        remove()
+    assert log_gets and all(k.startswith("_delta_log/") for k in log_gets)
+
+
+def test_a_raising_hook_fails_the_request_as_a_lost_reply(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path))
+
+    def lose(r: Request) -> None:
+        if r.op == "put":
+            raise StoreError(f"injected lost reply putting {r.key}")
+
+    remove = add_request_hook(lose)
+    try:
+        with pytest.raises(StoreError, match="lost reply"):
+            store.put("k", b"v", mode="create")
+    finally:
+        remove()
+    assert store.get("k") == b"v"  # it landed
+
+
+def test_a_hook_must_be_callable() -> None:
+    with pytest.raises(TypeError, match="function of a Request"):
+        add_request_hook("print")  # type: ignore[arg-type]
