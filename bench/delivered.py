@@ -41,24 +41,14 @@ def _schema() -> Any:
                       ("written", pa.float64())])
 
 
-STORE_CALLS = ("put", "get", "get_range", "get_buffer", "head", "list", "delete")
-"""The local store's requests that ``--request-ms`` delays."""
-
-
 def _delay_requests(ms: float) -> None:
-    """Makes this process's local store wait ``ms`` before each request."""
+    """Makes each request of this process's stores take ``ms`` longer (a hook sleeping after
+    it: ``open_input``'s reads, made later through the file, are not delayed)."""
     if not ms:
         return
-    from lakestream.store.local import LocalStore
+    from lakestream.store import add_request_hook
 
-    def slowed(call: Any) -> Any:
-        def slow(self: Any, *args: Any, **kwargs: Any) -> Any:
-            time.sleep(ms / 1e3)
-            return call(self, *args, **kwargs)
-        return slow
-
-    for name in STORE_CALLS:
-        setattr(LocalStore, name, slowed(getattr(LocalStore, name)))
+    add_request_hook(lambda request: time.sleep(ms / 1e3))
 
 
 def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,

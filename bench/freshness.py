@@ -6,9 +6,10 @@ Writes bench/results/freshness.json and bench/results/freshness.png.
 
 N producer processes each write one GRPO group (16 samples, ~16 KB) every 1/rate seconds, on
 a fixed schedule, and record when each ``write()`` was called. One reader process tails the
-stream as a StreamDataset does: ``StepReader.wait_visible`` for step after step, which polls
-the log through the process's shared head. After every poll it records the time and what
-the view holds (each producer's committed seq, the samples committed). From that:
+stream as a StreamDataset's reader waits for a step (``StepReader.wait_visible``: poll the
+log through the process's shared head, sleep within the reader's bounds), step after step.
+After every poll it records the time and what the view holds (each producer's committed
+seq, the samples committed). From that:
 
 - committed-visible: from a group's ``write()`` to the reader's first view holding its seq;
 - step-readable: from a group's ``write()`` to the reader's first view holding the whole step
@@ -57,53 +58,53 @@ def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
     landed: list[tuple[float, int]] = []  # (when, last seq) of each commit, as the writer saw
     with Producer(uri, f"p{k}", storage_options=options,
                   on_commit=lambda seq: landed.append((time.time(), seq))) as p:
+        resolved = _count_resolved()  # from here: opening's reads are not a commit's
         time.sleep(max(0.0, start_at - time.time()))
         for n in range(int(duration * rate)):
             time.sleep(max(0.0, start_at + n / rate - time.time()))
             sent.append(time.time())
             p.write(groups[n % 8])
         p.flush()
-        from lakestream.log import put as resolving
+    out.put({"k": k, "sent": sent, "landed": landed, "commits": p.stats.commits,
+             "conflicts": p.stats.conflicts, "attempts": p.stats.attempts,
+             "resolved": resolved[0]})
 
-        out.put({"k": k, "sent": sent, "landed": landed, "commits": p.stats.commits,
-                 "conflicts": p.stats.conflicts, "attempts": p.stats.attempts,
-                 "resolved": resolving.resolved})
+
+def _count_resolved() -> list[int]:
+    """Counts this process's puts of log entries resolved early by reading their key (a
+    HEAD that found it while the put went unanswered); ``[0]`` is the count."""
+    from lakestream.store import Request, add_request_hook
+
+    resolved = [0]
+
+    def hook(r: Request) -> None:
+        if r.op == "head" and r.key.startswith("_delta_log/") and r.error is None:
+            resolved[0] += 1
+
+    add_request_hook(hook)
+    return resolved
 
 
 def _reader(uri: str, options: dict[str, str] | None, start_at: float, until: float,
             expected: int, out: Any) -> None:
     import lakestream
     from lakestream.loaders.reader import StepReader
-    from lakestream.read.steps import MixSteps
+    from lakestream.reading import MixSteps
+    from lakestream.store import Request, add_request_hook
 
     stream = lakestream.open(uri, storage_options=options)
     gets = {"n": 0, "empty": 0}
-    real_get = stream.store.get
 
-    def counted(key: str, **kwargs: Any) -> bytes:
-        if not key.startswith("_delta_log/"):
-            return real_get(key, **kwargs)
-        gets["n"] += 1
-        try:
-            return real_get(key, **kwargs)
-        except lakestream.NotFoundError:
-            gets["empty"] += 1  # a poll that found no new version
-            raise
+    def counted(r: Request) -> None:
+        if r.op == "get" and r.key.startswith("_delta_log/"):
+            gets["n"] += 1
+            if isinstance(r.error, lakestream.NotFoundError):
+                gets["empty"] += 1  # a poll that found no new version
 
-    stream.store.get = counted  # type: ignore[method-assign]
+    add_request_hook(counted)
     steps = MixSteps.single(stream)
     views: list[tuple[float, dict[str, int], int]] = []
-    poll = steps.poll
-
-    def recorded() -> Any:
-        pause = poll()
-        s = stream.state
-        views.append((time.time(), {p: ps.seq for p, ps in s.producers.items()},
-                      s.next_offset))
-        return pause
-
-    steps.poll = recorded  # type: ignore[method-assign]
-    reader = StepReader(steps, 0, 1, timeout=None)
+    bounds = StepReader(steps, 0, 1, timeout=None)  # a dataset's reader: its poll bounds
     rest_gets = rest_empty = 0
     step = 0
     gets.update(n=0, empty=0)  # from here: opening is not polling
@@ -114,12 +115,16 @@ def _reader(uri: str, options: dict[str, str] | None, start_at: float, until: fl
         if steps.ready(step):
             step += 1
             continue
-        # One wait at a time, bounded, so that the loop sees the clock.
-        reader.timeout = max(0.05, until - time.time())
-        try:
-            reader.wait_visible(step)
-        except lakestream.StepNotAvailableError:
+        if steps.ended(step):
             break
+        # As the reader waits for a step (StepReader.wait_visible), with the view recorded
+        # after every poll.
+        pause = steps.poll()
+        s = stream.state
+        views.append((time.time(), {p: ps.seq for p, ps in s.producers.items()},
+                      s.next_offset))
+        if not steps.ready(step):
+            time.sleep(min(bounds.poll_max_s, max(bounds.poll_min_s, pause)))
     stream.refresh()
     offsets: dict[str, list[tuple[int, int]]] = {}
     for f in stream.state.all_fragments():  # data/<producer>/<epoch>-<seq>-<uuid>.parquet

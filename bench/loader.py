@@ -43,6 +43,7 @@ from bench import payload
 from bench.output import RESULTS, ROOT, command, save
 from bench.reps import median, spread, summarise
 from lakestream.loaders import StreamDataset, StreamLoader
+from lakestream.store import Request, add_request_hook
 
 # MosaicML Streaming imports its vision and multimodal modules eagerly, and they need a
 # torchvision that cannot load beside the CPU build of torch here; this benchmark uses
@@ -298,35 +299,30 @@ def mosaic(root: str, stream: lakestream.Stream) -> str:
     return out
 
 
-class _Counted:
-    """Counts the bytes a store's reads return (read amplification)."""
-
-    def __init__(self, store: Any) -> None:
-        self.store, self.bytes = store, 0
-        lock = threading.Lock()
-        for name in ("get", "get_range"):
-            real = getattr(store, name)
-
-            def counted(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
-                data = _real(*args, **kwargs)
-                with lock:
-                    self.bytes += len(data)
-                return data
-
-            setattr(store, name, counted)
-
-
 def amplification(stream: lakestream.Stream) -> dict[str, float]:
-    """One pass over every step at ``num_workers=0``: bytes fetched from the store per byte
-    stored of the fragments delivered, and per byte of the Arrow tables delivered."""
+    """One pass over every step at ``num_workers=0``: bytes fetched of the fragments (GETs
+    whole, by range or into a buffer, as the store's request hook sees them) per byte stored
+    of the fragments delivered, and per byte of the Arrow tables delivered."""
     ds = StreamDataset(stream.uri, group=None, rank=0, world_size=1, max_steps=stream.num_steps,
                        storage_options=stream.storage_options, progress_interval_s=0,
                        collate=lambda table: table)
-    counted = _Counted(ds.stream.store)
-    arrow = sum(table.nbytes for table in ds)
+    fetched = [0]
+    lock = threading.Lock()
+
+    def count(request: Request) -> None:
+        if request.key.startswith("data/") and request.nbytes is not None \
+                and request.op != "put":
+            with lock:
+                fetched[0] += request.nbytes
+
+    remove = add_request_hook(count)
+    try:
+        arrow = sum(table.nbytes for table in ds)
+    finally:
+        remove()
     stored = sum(f.size for f in stream.state.all_fragments())
-    return {"fetched_bytes": counted.bytes, "stored_bytes": stored,
-            "per_stored_byte": counted.bytes / stored, "per_arrow_byte": counted.bytes / arrow}
+    return {"fetched_bytes": fetched[0], "stored_bytes": stored,
+            "per_stored_byte": fetched[0] / stored, "per_arrow_byte": fetched[0] / arrow}
 
 
 SYSTEMS = ("lakestream", "lakestream-packed", "colocated-samples", "colocated-batches",

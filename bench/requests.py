@@ -72,34 +72,21 @@ def _kind_prefix(method: str, key: str) -> str:
 
 def _rank(uri: str, options: dict[str, str], rank: int, ranks: int, rest_until: float,
           load_until: float, out: Any) -> None:
-    import threading
     from collections import Counter
 
     import lakestream
     from lakestream.loaders import StreamDataset
-    from lakestream.store.s3 import S3Store
+    from lakestream.store import Request, add_request_hook
 
     counts: Counter[str] = Counter()
-    inner = threading.local()  # a method the store calls from another is one request
-    for method in ("get", "get_buffer", "get_range", "head", "list", "put", "delete"):
-        real = getattr(S3Store, method)
 
-        def counted(self: Any, key: str, *args: Any, _m: str = method, _real: Any = real,
-                    **kwargs: Any) -> Any:
-            if getattr(inner, "depth", 0):
-                return _real(self, key, *args, **kwargs)
-            name = _kind_prefix(_m, key)
-            counts[name] += 1
-            inner.depth = 1
-            try:
-                return _real(self, key, *args, **kwargs)
-            except lakestream.NotFoundError:
-                counts[name + " empty"] += 1
-                raise
-            finally:
-                inner.depth = 0
+    def counted(request: Request) -> None:  # each request once, however the store makes it
+        name = _kind_prefix(request.op, request.key)
+        counts[name] += 1
+        if isinstance(request.error, lakestream.NotFoundError):
+            counts[name + " empty"] += 1
 
-        setattr(S3Store, method, counted)
+    add_request_hook(counted)
     ds = StreamDataset(uri, group="train" if rank == 0 else None, rank=rank, world_size=ranks,
                        storage_options=options, timeout=0.2, progress_interval_s=1.0)
     steps, phase, rest = 0, "rest", Counter[str]()

@@ -34,22 +34,15 @@ from bench import payload
 from bench.output import command, save
 from bench.reps import median
 from lakestream.loaders.reader import StepReader
-from lakestream.store.local import LocalStore
-from lakestream.store.s3 import S3Store
+from lakestream.store import Request, add_request_hook
 
 B = 16
 _gets: Counter[str] = Counter()
 
 
-def _count(cls: Any) -> None:
-    real = cls.get
-
-    def get(self: Any, key: str, **kwargs: Any) -> bytes:
-        if key.startswith("_delta_log/"):
-            _gets["log"] += 1  # a Counter update: atomic enough under the GIL for a tally
-        return bytes(real(self, key, **kwargs))
-
-    cls.get = get
+def _count(request: Request) -> None:
+    if request.op == "get" and request.key.startswith("_delta_log/"):
+        _gets["log"] += 1  # a Counter update: atomic enough under the GIL for a tally
 
 
 def _producer(uri: str, options: dict[str, str] | None, steps: int, interval: float,
@@ -125,8 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     from tests.s3server import start_s3
 
-    _count(LocalStore)
-    _count(S3Store)
+    add_request_hook(_count)
     server = start_s3("bench")
     rows: list[dict[str, Any]] = []
     try:

@@ -92,32 +92,21 @@ def ids(table: Any) -> list[int]:
 
 @contextmanager
 def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
-    """Meanwhile, the GETs of each fragment of local stores (whole, or opened to read by
-    range; not the log's index segments, Parquet too), and in ``[0]`` the Parquet row groups
-    decoded."""
+    """Meanwhile, the GETs of each fragment (whole, or opened to read by range; not the log's
+    index segments, Parquet too) as the stores' request hook sees them, and in ``[0]`` the
+    Parquet row groups decoded."""
     import lakestream.read.fragments as fragments
     from lakestream.log.keys import DATA_DIR
-    from lakestream.store.local import LocalStore
+    from lakestream.store import Request, add_request_hook
 
     gets: Counter[str] = Counter()
     decoded = [0]
-    get, get_buffer, open_input = LocalStore.get, LocalStore.get_buffer, LocalStore.open_input
     reader = fragments._reader
 
-    def counted_get(self: LocalStore, key: str, **kwargs: Any) -> bytes:
-        if key.startswith(DATA_DIR):
-            gets[key] += 1
-        return get(self, key, **kwargs)
-
-    def counted_buffer(self: LocalStore, key: str, size: int) -> Any:
-        if key.startswith(DATA_DIR):
-            gets[key] += 1
-        return get_buffer(self, key, size)
-
-    def counted_open(self: LocalStore, key: str, *args: Any) -> Any:
-        if key.startswith(DATA_DIR):
-            gets[key] += 1
-        return open_input(self, key, *args)
+    def counted(request: Request) -> None:
+        if request.op in ("get", "get_buffer", "open_input") \
+                and request.key.startswith(DATA_DIR):
+            gets[request.key] += 1
 
     class Counted:
         """A Parquet reader whose row groups read are counted."""
@@ -135,14 +124,12 @@ def count_reads() -> Iterator[tuple[Counter[str], list[int]]]:
     def counted_reader(*args: Any) -> Counted:
         return Counted(reader(*args))
 
-    LocalStore.get, LocalStore.open_input = counted_get, counted_open  # type: ignore[method-assign]
-    LocalStore.get_buffer = counted_buffer  # type: ignore[method-assign]
+    remove = add_request_hook(counted)
     fragments._reader = counted_reader  # type: ignore[assignment]
     try:
         yield gets, decoded
     finally:
-        LocalStore.get, LocalStore.open_input = get, open_input  # type: ignore[method-assign]
-        LocalStore.get_buffer = get_buffer  # type: ignore[method-assign]
+        remove()
         fragments._reader = reader
 
 

@@ -39,8 +39,6 @@ SEEN_PUTS = 32
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _seen: dict[str, deque[float]] = {}
-resolved = 0
-"""Puts this process resolved by reading their key (for benchmarks)."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +99,6 @@ def put_entry(store: ObjectStore, key: str, data: bytes) -> None:
             future.result(timeout=bound)
         except FutureTimeout:
             if _present(store, key):
-                global resolved
-                with _lock:
-                    resolved += 1
                 raise AlreadyExistsError(f"{key} was taken while this put went unanswered "
                                          f"for {time.monotonic() - t0:.2f}s") from None
             continue
