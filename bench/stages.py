@@ -1,6 +1,7 @@
 """Where one producer's CPU goes, stage by stage: the CPU time of the thread running each
-stage (conform, the sample size check, encode, CRC-32, the store put, the committer), beside
-the same encode and put measured alone in the same run.
+stage (conform, the sample size check, encode, CRC-32, the store put, the committer), as the
+producer counts it (``ProducerStats.cpu_s``), beside the same encode and put measured alone
+in the same run.
 
 One producer, local store, 16-sample RL fragments (~267 KB), flat out for ``--seconds``,
 for each codec and upload-thread count, ``--reps`` interleaved repetitions (medians).
@@ -12,56 +13,22 @@ Writes bench/results/stages.json.
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import platform
 import tempfile
-import threading
 import time
 from typing import Any
 
-from zlib_ng import zlib_ng
-
 import lakestream
-import lakestream.producers.producer as producer_module
 from bench import payload
 from bench.floor import floors
 from bench.output import RESULTS, command, save
 from bench.reps import median
 from lakestream.producers import Producer, ProducerOptions
-from lakestream.producers.committer import Committer
 from lakestream.store.local import LocalStore
 
-_spent: collections.Counter[str] = collections.Counter()
-_lock = threading.Lock()
-
-
-def _timed(name: str, f: Any) -> Any:
-    """``f``, with the CPU time of the calling thread inside it added to ``_spent[name]``."""
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.thread_time()
-        try:
-            return f(*args, **kwargs)
-        finally:
-            with _lock:
-                _spent[name] += time.thread_time() - t0
-    return timed
-
-
-def _instrument() -> None:
-    m = producer_module
-    m.conform = _timed("conform", m.conform)  # type: ignore[attr-defined]
-    m.oversized_sample = _timed("size check", m.oversized_sample)  # type: ignore[attr-defined]
-    m.encode_fragment = _timed("encode", m.encode_fragment)  # type: ignore[attr-defined]
-    m.put_fragment = _timed("store put", m.put_fragment)  # type: ignore[attr-defined]
-
-    class _Crc:
-        crc32 = staticmethod(_timed("crc32", zlib_ng.crc32))
-
-    m.zlib_ng = _Crc  # type: ignore[assignment]
-    m.Producer.write = _timed("write call (all)", m.Producer.write)  # type: ignore[method-assign]
-    m.Producer._upload = _timed("upload (all)", m.Producer._upload)  # type: ignore[method-assign]
-    Committer.run = _timed("committer (all)", Committer.run)  # type: ignore[method-assign]
+RENAMED = {"committer": "committer (all)", "write call": "write call (all)"}
+"""The stages of ``ProducerStats.cpu_s`` under the names the results have always had."""
 
 
 def _alone(tables: list[Any], compression: str, seconds: float) -> dict[str, float]:
@@ -74,7 +41,6 @@ def _alone(tables: list[Any], compression: str, seconds: float) -> dict[str, flo
 def run(compression: str, threads: int, seconds: float) -> dict[str, Any]:
     tables = [payload.rollouts(16, 16, seed=s) for s in range(16)]
     gb_each = sum(t.nbytes for t in tables) / len(tables) / 1e9
-    _spent.clear()
     with tempfile.TemporaryDirectory(dir=RESULTS.parent) as root:
         lakestream.create(f"{root}/s", payload.ROLLOUT_SCHEMA, global_batch_size=256,
                           group_size=16)
@@ -88,7 +54,7 @@ def run(compression: str, threads: int, seconds: float) -> dict[str, Any]:
         cpu, wall = time.process_time() - cpu0, time.time() - wall0
         commits = p.stats.commits
     gb = n * gb_each
-    stages = {k: v / gb for k, v in _spent.items()}
+    stages = {RENAMED.get(k, k): v / gb for k, v in p.stats.cpu_s.items()}
     return {"compression": compression, "upload_threads": threads, "mb_per_s": gb / wall * 1e3,
             "producer_cpu_s_per_gb": cpu / gb, "commits_per_gb": commits / gb,
             "stages_cpu_s_per_gb": stages | _alone(tables, compression, 1.5)}
@@ -99,7 +65,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    _instrument()
     configs = [(c, t) for c in ("zstd", "none") for t in (2, 4)]
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for _rep in range(args.reps):

@@ -121,6 +121,13 @@ class Committer(threading.Thread):
             return batch
 
     def run(self) -> None:
+        started = time.thread_time()
+        try:
+            self._run()
+        finally:
+            self._stats.add_cpu("committer", time.thread_time() - started)
+
+    def _run(self) -> None:
         stream = self._stream
         wait_s, gap_s, contended, first = 0.0, 0.0, False, True
         mine = -1  # the version our previous commit landed at

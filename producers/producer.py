@@ -167,6 +167,7 @@ class Producer:
             LakestreamError: a background upload or commit failed (re-raised here).
         """
         self._check()
+        cpu_s = time.thread_time()
         table = self._checked(data, state)
         if not self._admitted:
             self.wait_for_lag()
@@ -178,6 +179,7 @@ class Producer:
             submit=lambda seq, carried: self._pool.submit(self._upload, seq, table, carried,
                                                           nbytes))
         self.stats.add(writes=1, rows=rows)
+        self.stats.add_cpu("write call", time.thread_time() - cpu_s)
         return seq
 
     def _checked(self, data: Any, state: Any) -> pa.Table:
@@ -185,13 +187,17 @@ class Producer:
         before anything is uploaded."""
         refuse_if_sealed(self._stream.state, self.uri)
         who = f"producer {self.producer_id}"
+        t0 = time.thread_time()
         table = conform(data, self._stream.schema, where=who)
+        t1 = time.thread_time()
+        self.stats.add_cpu("conform", t1 - t0)
         check_rows(table.num_rows, self._stream.group_size, who)
         o = self.options
         if table.nbytes > o.max_fragment_bytes:
             raise TooLargeError(f"{who}: a fragment of {table.nbytes} bytes exceeds "
                                 f"max_fragment_bytes={o.max_fragment_bytes}; split the write")
         oversized = oversized_sample(table, o.max_sample_bytes)
+        self.stats.add_cpu("size check", time.thread_time() - t1)
         if oversized is not None:
             row, size = oversized
             raise TooLargeError(f"{who}: sample {row} of the write is about {size} bytes, "
@@ -272,16 +278,24 @@ class Producer:
             return  # failed or aborted: it stays uncommitted
         try:
             failpoint("before_upload")
+            t0 = time.thread_time()
             body = encode_fragment(table, self._stream.group_size,
                                    compression=self.options.compression,
                                    compression_level=self.options.compression_level,
                                    nbytes=nbytes, row_group_bytes=self._row_group_bytes)
+            t1 = time.thread_time()
+            crc32 = zlib_ng.crc32(body)
+            t2 = time.thread_time()
             key = fragment_key(self.producer_id, self.epoch, seq)
             put_fragment(self._stream.store, key, body)
+            t3 = time.thread_time()
             failpoint("after_upload")
+            self.stats.add_cpu("encode", t1 - t0)
+            self.stats.add_cpu("crc32", t2 - t1)
+            self.stats.add_cpu("store put", t3 - t2)
             self.stats.add(bytes_uploaded=len(body), fragments_uploaded=1)
             self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes,
-                                           zlib_ng.crc32(body)))
+                                           crc32))
         except BaseException as e:  # noqa: BLE001 - surfaced on the caller's next call
             self._inflight.fail(e)
 

@@ -9,6 +9,10 @@ LATENCY_WINDOW = 4096
 """Commit latencies a producer remembers: the newest, for percentiles; memory stays bounded."""
 
 
+STAGES = ("write call", "conform", "size check", "encode", "crc32", "store put", "committer")
+"""The stages whose CPU a producer counts (``ProducerStats.cpu_s``)."""
+
+
 class ProducerStats:
     """Counters of one producer instance (since it opened).
 
@@ -29,12 +33,22 @@ class ProducerStats:
         self.lag_wait_s = 0.0
         self.commit_latencies_s: deque[float] = deque(maxlen=LATENCY_WINDOW)
         """The latencies of the last ``LATENCY_WINDOW`` commits, oldest first."""
+        self.cpu_s: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        """CPU seconds of the threads running each stage (``STAGES``), where this
+        producer's CPU goes: the writer's ``write`` calls, of which conforming the data and
+        checking sample sizes; the upload threads' encoding, CRC-32 and store puts; the
+        committer thread, all of it, counted when it ends (at ``close``)."""
 
     def add(self, **counts: float) -> None:
         """Adds to the named counters atomically."""
         with self._lock:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
+
+    def add_cpu(self, stage: str, seconds: float) -> None:
+        """Adds ``seconds`` of a thread's CPU to ``stage``."""
+        with self._lock:
+            self.cpu_s[stage] += seconds
 
     def add_commit(self, attempts: int, conflicts: int, fragments: int,
                    latency_s: float) -> None:

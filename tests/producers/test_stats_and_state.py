@@ -64,3 +64,18 @@ def test_counters_are_exact_when_many_threads_add() -> None:
         sys.setswitchinterval(old)
     assert stats.bytes_uploaded == 4 * 20_000 * 3
     assert (stats.commits, stats.fragments_committed) == (80_000, 160_000)
+
+
+def test_cpu_is_counted_by_stage(tmp_path) -> None:
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=4)
+    p = Producer(uri, "p")
+    assert set(p.stats.cpu_s) == set(stats_module.STAGES)
+    assert not any(p.stats.cpu_s.values())
+    for i in range(40):
+        p.write(rows(4 * i, 4))
+    p.close()
+    cpu = p.stats.cpu_s
+    assert all(v >= 0 for v in cpu.values())
+    assert cpu["encode"] > 0 and cpu["store put"] > 0 and cpu["committer"] > 0
+    assert cpu["write call"] >= cpu["conform"] + cpu["size check"] > 0
