@@ -541,12 +541,18 @@ def plot_consume(ax: Any, runs: list[dict[str, Any]], field: str, title: str) ->
     ax.set_title(title)
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """The command line of an ingest comparison (this one, and ``bench/transferqueue.py``'s):
+    seconds a run, and interleaved repetitions."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=float, default=6.0)
     parser.add_argument("--reps", type=int, default=3,
                         help="interleaved repetitions of every ingest run")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     for tool in ("redis-server", "nats-server"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is missing: run bench/setup-peers")

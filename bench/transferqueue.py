@@ -18,7 +18,6 @@ Writes bench/results/transferqueue.json and transferqueue.png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import multiprocessing as mp
@@ -226,11 +225,7 @@ def ratios(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--duration", type=float, default=6.0)
-    parser.add_argument("--reps", type=int, default=3,
-                        help="interleaved repetitions of every ingest run")
-    args = parser.parse_args()
+    args = brokers.arguments()
     if os.environ.get(_IN_NETNS) != "1":
         _reexec_in_netns()
     _quiet()
