@@ -1,9 +1,9 @@
 """What the core offers a producer SDK (``lakestream.producers``), and all it may use below
 the ``Stream`` façade: the builds of what a producer commits (its fence, and its appends,
 with the seal, fence and seq checks made on the state they commit on), encoding and
-putting a fragment, checking data against the schema, its progress reads, and the crash
-points its tests arm. Everything else in the core is the core's own and may change;
-``tests/test_layering.py`` holds the SDK to this list."""
+putting a fragment, whether its store is remote, checking data against the schema, its
+progress reads, and the crash points its tests arm. Everything else in the core is the
+core's own and may change; ``tests/test_layering.py`` holds the SDK to this list."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from lakestream.log.outcomes import CommitOptions
 from lakestream.log.progress import Progress, read_progress
 from lakestream.log.replay import refuse_if_sealed
 from lakestream.schema.conform import conform, oversized_sample
+from lakestream.store import is_remote
 from lakestream.store.base import ObjectStore
-from lakestream.store.local import LocalStore
 
-__all__ = ["MAX_FRAGMENTS_PER_ENTRY", "CommitOptions", "Fence", "LocalStore", "ObjectStore",
-           "Progress", "appending", "check_group", "check_int", "check_producer_id",
-           "check_rows", "check_state", "conform", "encode_fragment", "failpoint", "fencing",
-           "fragment_key", "oversized_sample", "put_fragment", "read_progress",
-           "refuse_if_sealed", "row_group_target"]
+__all__ = ["MAX_FRAGMENTS_PER_ENTRY", "CommitOptions", "Fence", "ObjectStore", "Progress",
+           "appending", "check_group", "check_int", "check_producer_id", "check_rows",
+           "check_state", "conform", "encode_fragment", "failpoint", "fencing", "fragment_key",
+           "is_remote", "oversized_sample", "put_fragment", "read_progress", "refuse_if_sealed",
+           "row_group_target"]

@@ -21,7 +21,6 @@ from lakestream.producers.stats import ProducerStats
 from lakestream.stream import Stream
 from lakestream.writing import (
     Fence,
-    LocalStore,
     ObjectStore,
     Progress,
     check_group,
@@ -34,6 +33,7 @@ from lakestream.writing import (
     failpoint,
     fencing,
     fragment_key,
+    is_remote,
     oversized_sample,
     put_fragment,
     read_progress,
@@ -47,7 +47,7 @@ log = logging.getLogger("lakestream")
 def upload_threads_for(store: ObjectStore) -> int:
     """The upload pool's size when the options leave it open: one thread per core, up to
     4, on a local disk (encoding and the put are both CPU work there); 4 elsewhere."""
-    if isinstance(store, LocalStore):
+    if not is_remote(store.uri):
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
         return max(1, min(4, cores))

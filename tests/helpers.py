@@ -177,6 +177,10 @@ class HookedStore:
         self.hook("list", prefix, "before")
         return self.inner.list(prefix)
 
+    def list_temp(self, prefix: str) -> Any:
+        self.hook("list_temp", prefix, "before")
+        return self.inner.list_temp(prefix)
+
 
 def step_ids(loader: Any, n: int | None = None) -> list[tuple[int, list[int]]]:
     """``(step, ids)`` of each batch ``loader`` yields (the first ``n`` if given)."""

@@ -85,14 +85,12 @@ def collect(store: ObjectStore, state: ReplayState, grace_seconds: float,
         if delete_or_skip(store, meta.key, report):
             report.data_files += 1
             report.data_bytes += meta.size
-    list_temp = getattr(store, "list_temp", None)
-    if list_temp is not None:
-        try:
-            for meta in list_temp(""):
-                if meta.last_modified <= cutoff and delete_or_skip(store, meta.key, report):
-                    report.temp_files += 1
-        except StoreError as e:
-            report.skipped.append(f"temp files: {e}")
+    try:
+        for meta in store.list_temp(""):
+            if meta.last_modified <= cutoff and delete_or_skip(store, meta.key, report):
+                report.temp_files += 1
+    except StoreError as e:
+        report.skipped.append(f"temp files: {e}")
     compact(store, state, now, cutoff, delta_checkpoint_version, report)
     return report
 

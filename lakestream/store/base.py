@@ -81,6 +81,11 @@ class ObjectStore(Protocol):
         """Deletes ``key``; deleting an absent key is not an error."""
         ...
 
+    def list_temp(self, prefix: str) -> Iterator[ObjectMeta]:
+        """Yields what writers killed mid-put left under ``prefix`` (a local store's temp
+        files), for gc; nothing on a store whose puts are atomic (S3)."""
+        ...
+
     def open_input(self, key: str, size: int | None = None) -> BinaryIO:
         """A seekable binary reader for Parquet; S3 reads only the ranges asked for."""
         ...

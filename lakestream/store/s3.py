@@ -285,6 +285,10 @@ class S3Store:
         found.sort(key=lambda m: m.key)
         yield from found
 
+    def list_temp(self, prefix: str) -> Iterator[ObjectMeta]:
+        """Nothing: an S3 put is atomic, a killed one leaves no object."""
+        return iter(())
+
     @request("delete")
     def delete(self, key: str) -> None:
         try:
