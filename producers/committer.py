@@ -125,7 +125,7 @@ class Committer(threading.Thread):
         try:
             self._run()
         finally:
-            self._stats.add_cpu("committer", time.thread_time() - started)
+            self._stats.add_cpu(("committer", time.thread_time() - started))
 
     def _run(self) -> None:
         stream = self._stream

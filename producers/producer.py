@@ -167,8 +167,8 @@ class Producer:
             LakestreamError: a background upload or commit failed (re-raised here).
         """
         self._check()
-        cpu_s = time.thread_time()
-        table = self._checked(data, state)
+        started = time.thread_time()
+        table, checked = self._checked(data, state, started)
         if not self._admitted:
             self.wait_for_lag()
         self._admitted = False
@@ -179,25 +179,26 @@ class Producer:
             submit=lambda seq, carried: self._pool.submit(self._upload, seq, table, carried,
                                                           nbytes))
         self.stats.add(writes=1, rows=rows)
-        self.stats.add_cpu("write call", time.thread_time() - cpu_s)
+        self.stats.add_cpu(("write call", time.thread_time() - started), *checked)
         return seq
 
-    def _checked(self, data: Any, state: Any) -> pa.Table:
+    def _checked(self, data: Any, state: Any, started: float
+                 ) -> tuple[pa.Table, list[tuple[str, float]]]:
         """``data`` as a table of the stream's schema, everything ``write`` refuses refused
-        before anything is uploaded."""
+        before anything is uploaded; and the CPU of its stages (the thread's CPU clock read
+        at ``started``)."""
         refuse_if_sealed(self._stream.state, self.uri)
         who = f"producer {self.producer_id}"
-        t0 = time.thread_time()
         table = conform(data, self._stream.schema, where=who)
-        t1 = time.thread_time()
-        self.stats.add_cpu("conform", t1 - t0)
+        conformed = time.thread_time()
         check_rows(table.num_rows, self._stream.group_size, who)
         o = self.options
         if table.nbytes > o.max_fragment_bytes:
             raise TooLargeError(f"{who}: a fragment of {table.nbytes} bytes exceeds "
                                 f"max_fragment_bytes={o.max_fragment_bytes}; split the write")
         oversized = oversized_sample(table, o.max_sample_bytes)
-        self.stats.add_cpu("size check", time.thread_time() - t1)
+        checked = [("conform", conformed - started),
+                   ("size check", time.thread_time() - conformed)]
         if oversized is not None:
             row, size = oversized
             raise TooLargeError(f"{who}: sample {row} of the write is about {size} bytes, "
@@ -205,7 +206,7 @@ class Producer:
                                 "truncate it")
         if state is not None:
             check_state(state)
-        return table
+        return table, checked
 
     def flush(self, timeout: float | None = None) -> None:
         """Returns when everything written so far is committed.
@@ -290,9 +291,7 @@ class Producer:
             put_fragment(self._stream.store, key, body)
             t3 = time.thread_time()
             failpoint("after_upload")
-            self.stats.add_cpu("encode", t1 - t0)
-            self.stats.add_cpu("crc32", t2 - t1)
-            self.stats.add_cpu("store put", t3 - t2)
+            self.stats.add_cpu(("encode", t1 - t0), ("crc32", t2 - t1), ("store put", t3 - t2))
             self.stats.add(bytes_uploaded=len(body), fragments_uploaded=1)
             self._committer.ready(Uploaded(seq, key, table.num_rows, len(body), state, nbytes,
                                            crc32))

@@ -45,10 +45,11 @@ class ProducerStats:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
 
-    def add_cpu(self, stage: str, seconds: float) -> None:
-        """Adds ``seconds`` of a thread's CPU to ``stage``."""
+    def add_cpu(self, *spent: tuple[str, float]) -> None:
+        """Adds each ``(stage, seconds)`` of a thread's CPU, at once."""
         with self._lock:
-            self.cpu_s[stage] += seconds
+            for stage, seconds in spent:
+                self.cpu_s[stage] += seconds
 
     def add_commit(self, attempts: int, conflicts: int, fragments: int,
                    latency_s: float) -> None:
