@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from lakestream.failpoints import failpoint
 from lakestream.store.base import Buffer, check_key
 from lakestream.store.pool import buffer_pool, read_file
 from lakestream.store.slots import cpu_slots
@@ -162,6 +163,7 @@ class DiskCache:
             return
         try:
             _write(tmp, data, size, self.direct)
+            failpoint("during_cache_fill")
             os.replace(tmp, path)
         except OSError:  # a full or read-only disk: serve what was fetched, keep nothing
             with contextlib.suppress(OSError):

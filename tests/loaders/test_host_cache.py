@@ -124,6 +124,31 @@ def test_ranks_of_a_host_fetch_each_fragment_once_over_two_epochs(
     assert fetched > stream_bytes  # what was evicted was fetched again
 
 
+def _killed_filling(uri: str, options: dict[str, str], root: str) -> None:
+    """Rank 0 reading through the cache, killed by SIGKILL at its third fill: the fragment's
+    bytes written to the cache's temp file, not yet in place."""
+    os.environ["LAKESTREAM_FAILPOINT"] = "during_cache_fill@3"
+    _read(uri, options, 0, DiskCache(root, 1 << 30))
+
+
+def test_a_rank_killed_filling_the_cache_leaves_nothing_a_fresh_one_trusts(
+        tmp_path: Path, s3_options: dict[str, str]) -> None:
+    uri, _ = _stream(s3_options)
+    root = str(tmp_path / "cache")
+    child = mp.get_context("spawn").Process(target=_killed_filling, args=(uri, s3_options, root))
+    child.start()
+    child.join(120)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == -9  # killed at the crash point, not finished
+    torn = [p for p in Path(root).rglob("*") if p.is_file() and ".tmp-" in p.name
+            and ".locks" not in p.parts and not p.name.startswith(".")]
+    assert torn  # the fill it died in is on disk, unnamed
+    cache = DiskCache(root, 1 << 30)
+    assert _read(uri, s3_options, 0, cache) == _read(uri, s3_options, 0, None)
+    assert 0 < cache.fetched_bytes  # the torn fill was fetched again, not served
+
+
 @pytest.fixture(autouse=True)
 def _no_local_world(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
