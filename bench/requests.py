@@ -13,32 +13,42 @@ kind (GET of a whole object, a range or a buffer; HEAD; LIST; PUT; DELETE) and p
 log, fragments, the rest of ``_lakestream/``), GETs of the log split into those that found an
 entry and those that found nothing.
 
+The whole run is made twice, each on a fresh stream: with the log's head shared by the
+host's processes (``lakestream.log.hosthead``, the default) and with each process alone
+(``LAKESTREAM_HOST_DIR=off``).
+
 ``model`` (a pure function, tested in ``tests/test_request_model.py``) scales those
-rates to H hosts of R ranks: per rank, the log's GETs are one per version committed plus
-the reads that find nothing (at rest, one each ``POLL_REST_S``, 20 a second; under load, as
-counted), and the fragments' GETs
-one per fragment its slice touches, a step; per host, with a shared disk cache, one per
+rates to H hosts of R ranks: per poller of the log (a host, or a process), one GET per
+version committed plus the reads that find nothing (at rest, one each ``POLL_REST_S``, 20 a
+second; under load, as counted: the host's, or a process's), and the fragments' GETs one per
+fragment a rank's slice touches, a step; per host, with a shared disk cache, one per
 fragment the host's ranks touch; rank 0's progress PUT once a second. It says what the log's
-prefix is asked for a second with the head shared per process (what exists) and per host
-(what a host-wide poller would send), against S3's 5,500 GETs a second per prefix.
+prefix is asked for a second with a poller per process and per host, against S3's 5,500
+GETs a second per prefix.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 import time
 from typing import Any
 
 from bench.output import command, save
 from bench.spawn import run_workers
 from lakestream.log.head import POLL_REST_S
+from lakestream.log.hosthead import ENV as HOST_DIR
 
 PREFIX_GETS_PER_S = 5500
 """S3's documented GET (and HEAD) rate per partitioned prefix."""
 REST_EMPTY_READS_PER_S = 1 / POLL_REST_S
 """A process's polls of a stream at rest: one each ``lakestream.log.head.POLL_REST_S``."""
 GROUP, STEP = 8, 64
+MODES = ("per host", "per process")
+"""The log's head shared by the processes of the host (the default), or by each alone
+(``LAKESTREAM_HOST_DIR=off``)."""
 
 
 def model(hosts: int, ranks_per_host: int, versions_per_s: float, steps_per_s: float,
@@ -53,7 +63,7 @@ def model(hosts: int, ranks_per_host: int, versions_per_s: float, steps_per_s: f
     log_per_poller = versions_per_s + empty_reads_per_s
     return {
         "ranks": ranks,
-        "log_gets_per_rank_s": log_per_poller,
+        "log_gets_per_poller_s": log_per_poller,
         "log_gets_per_s_head_per_process": ranks * log_per_poller,
         "log_gets_per_s_head_per_host": hosts * log_per_poller,
         "fragment_gets_per_s_no_cache": ranks * steps_per_s * fragments_per_rank_step,
@@ -134,39 +144,55 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=25.0, help="writes a second per producer")
     args = ap.parse_args()
-    import lakestream
-    from bench import payload
-    from tests.s3server import BUCKET, start_s3
+    from tests.s3server import start_s3
 
     server = start_s3()
     try:
-        options = server.options()
-        uri = f"s3://{BUCKET}/requests-{int(time.time())}"
+        runs = {mode: _measure(server.options(), args, mode) for mode in MODES}
+    finally:
+        server.stop()
+    out: dict[str, Any] = {"args": vars(args), "command": command("requests"),
+                           "time": time.ctime()}
+    for mode, (ranks, measured) in runs.items():
+        # The ranks are one host: a poller's reads that found nothing are the host's (one
+        # poller) or a process's (one each).
+        per_poller = args.ranks if mode == "per host" else 1
+        empty = per_poller * measured.get("load: get log empty /rank/s", 0.0)
+        out[mode] = {"ranks": ranks, "measured": measured, "model_load": {
+            f"{h}x{per}": model(h, per, measured["versions_per_s"], measured["steps_per_s"],
+                                measured["fragments_per_rank_step"],
+                                measured["fragments_per_host_step"], empty)
+            for h, per in ((8, 8), (64, 8))}}
+    out["model_rest"] = {f"{h}x{per}": model(h, per, 0.0, 0.0, 0.0, 0.0, REST_EMPTY_READS_PER_S)
+                         for h, per in ((8, 8), (64, 8))}
+    save("requests.json", out)
+    print(json.dumps({m: {"measured": out[m]["measured"], "model_load": out[m]["model_load"]}
+                      for m in MODES} | {"model_rest": out["model_rest"]}, indent=1))
+
+
+def _measure(options: dict[str, str], args: argparse.Namespace, mode: str
+             ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """One run of the ranks and producers on a fresh stream, the log's head shared by the
+    host's processes (``mode`` "per host", the default) or by each process alone."""
+    import lakestream
+    from bench import payload
+    from tests.s3server import BUCKET
+
+    os.environ[HOST_DIR] = tempfile.mkdtemp() if mode == "per host" else "off"
+    try:
+        uri = f"s3://{BUCKET}/requests-{time.time_ns()}"
         lakestream.create(uri, payload.rollouts(GROUP, GROUP, seed=0).schema,
                           global_batch_size=STEP, group_size=GROUP, storage_options=options)
         start = time.time() + 12.0  # spawned ranks import torch and open first
         rest_until, load_until = start + args.rest, start + args.rest + args.load
         results = _run(uri, options, args, rest_until, load_until)
         stream = lakestream.open(uri, storage_options=options)
-        versions, fragments = stream.version, len(stream.state.all_fragments())
     finally:
-        server.stop()
+        del os.environ[HOST_DIR]
     ranks = [r for r in results if "rank" in r]
-    load_s = max(r["load_s"] for r in ranks)
-    steps_per_s = stream.num_steps / args.load
-    measured = _rates(ranks, versions / args.load, steps_per_s, fragments, stream.num_steps)
-    empty = measured.get("load: get log empty /rank/s", 0.0)
-    table = {f"{h}x{per}": model(h, per, measured["versions_per_s"], steps_per_s,
-                                 measured["fragments_per_rank_step"],
-                                 measured["fragments_per_host_step"], empty)
-             for h, per in ((8, 8), (64, 8))}
-    rest = {f"{h}x{per}": model(h, per, 0.0, 0.0, 0.0, 0.0, REST_EMPTY_READS_PER_S)
-            for h, per in ((8, 8), (64, 8))}
-    save("requests.json", {"args": vars(args), "ranks": ranks, "measured": measured,
-                           "load_s": load_s, "model_load": table, "model_rest": rest,
-                           "command": command("requests"), "time": time.ctime()})
-    print(json.dumps({"measured": measured, "model_load": table, "model_rest": rest},
-                     indent=1))
+    measured = _rates(ranks, stream.version / args.load, stream.num_steps / args.load,
+                      len(stream.state.all_fragments()), stream.num_steps)
+    return ranks, measured
 
 
 def _run(uri: str, options: dict[str, str], args: argparse.Namespace, rest_until: float,

@@ -103,8 +103,9 @@ class Stream:
     def poll(self) -> int:
         """``refresh`` for readers waiting at the head: entries come through this process's
         ``SharedHead``, so the process sends one GET per new version and one per backoff
-        round however many handles of the stream poll (``lakestream/log/head.py``); behind the
-        head the same parallel rounds as ``refresh``. Returns the version now seen.
+        round however many handles of the stream poll (``lakestream/log/head.py``), and on a
+        remote store the host's processes share it (``lakestream/log/hosthead.py``); behind
+        the head the same parallel rounds as ``refresh``. Returns the version now seen.
         Committers refresh instead: they must see every rival at once.
         """
         return self._view.poll()

@@ -22,6 +22,19 @@ import pytest
 from tests.s3server import BUCKET, ROLES, SeaweedS3, start_s3
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _host_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The host folder of shared log heads (``lakestream.log.hosthead``) in the session's
+    temp folder, for this process and the processes it starts, not the machine's."""
+    before = os.environ.get("LAKESTREAM_HOST_DIR")
+    os.environ["LAKESTREAM_HOST_DIR"] = str(tmp_path_factory.mktemp("host"))
+    yield
+    if before is None:
+        del os.environ["LAKESTREAM_HOST_DIR"]
+    else:
+        os.environ["LAKESTREAM_HOST_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[SeaweedS3]:
     server = start_s3(identities=ROLES)

@@ -37,7 +37,7 @@ LAYERS = {
             ("log.index",),
             ("log.replay",),
             ("log.tail", "log.inventory", "log.retention", "log.manifest"),
-            ("log.snapshot", "log.put"),
+            ("log.snapshot", "log.put", "log.hosthead"),
             ("log.head", "log.opening", "log.outcomes"),
             ("log.transaction",),
             ("log.view", "log.compaction"),

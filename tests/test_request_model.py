@@ -14,7 +14,7 @@ def test_the_model_counts_per_rank_per_host_and_per_prefix() -> None:
                             fragments_per_rank_step=1.0, fragments_per_host_step=8.0,
                             empty_reads_per_s=20.0)
     assert m["ranks"] == 64
-    assert m["log_gets_per_rank_s"] == 30.0  # 10 versions + 20 empty reads
+    assert m["log_gets_per_poller_s"] == 30.0  # 10 versions + 20 empty reads
     assert m["log_gets_per_s_head_per_process"] == 64 * 30.0
     assert m["log_gets_per_s_head_per_host"] == 8 * 30.0
     assert m["fragment_gets_per_s_no_cache"] == 64 * 2.0 * 1.0
@@ -24,8 +24,8 @@ def test_the_model_counts_per_rank_per_host_and_per_prefix() -> None:
 
 def test_at_rest_512_ranks_polling_per_process_exceed_a_prefix_and_per_host_do_not() -> None:
     """At rest each process sends only its polls, one each POLL_REST_S: 512 of them are
-    10,240 GETs a second, past the 5,500 one S3 prefix serves; one poller a host (64) would
-    send 1,280."""
+    10,240 GETs a second, past the 5,500 one S3 prefix serves; one poller a host (64, the
+    default: ``lakestream.log.hosthead``) sends 1,280."""
     rest = 1 / POLL_REST_S
     assert rest == request_model.REST_EMPTY_READS_PER_S
     m = request_model.model(64, 8, 0.0, 0.0, 0.0, 0.0)

@@ -15,6 +15,10 @@ within 50 ms after a quiet spell; the version reads that find entries are on top
 version committed, inherent to reading the log). A growing backoff paced it before: after a
 quiet spell a commit was seen up to half a second late.
 
+For a stream on a remote store the processes of a host share this too, through a folder of
+the host (``lakestream.log.hosthead``): a version one of them read, or found absent a pause
+ago, the others take from there, so a host sends what one process would.
+
 Only readers use this (``Stream.poll``). A committer never does: a cached "absent" could
 hide a rival's commit from the read that must find it.
 """
@@ -27,9 +31,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from lakestream.errors import NotFoundError
+from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.log import Entry
-from lakestream.log.tail import read_entry
+from lakestream.log.codec import decode_entry
+from lakestream.log.hosthead import HostHead
+from lakestream.log.tail import entry_or_none, fetch_entry
+from lakestream.store import is_remote
 from lakestream.store.base import ObjectStore
 
 CACHED_ENTRIES = 256
@@ -42,7 +49,10 @@ GAP_SMOOTHING = 0.3
 class SharedHead:
     """What this process knows of one stream's log end."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: HostHead | None = None) -> None:
+        self._host = host
+        """The host's head of the stream, shared with the host's other processes (None:
+        this process reads alone)."""
         self._cond = threading.Condition()
         self._entries: OrderedDict[int, Entry] = OrderedDict()
         self._reading: set[int] = set()
@@ -82,9 +92,7 @@ class SharedHead:
             self.gets += 1
         entry: Entry | None = None
         try:
-            entry = read_entry(store, version)
-        except NotFoundError:
-            pass
+            entry = self._read(store, version)
         finally:
             with self._cond:
                 self._reading.discard(version)
@@ -105,6 +113,37 @@ class SharedHead:
                     self._retry_at = now + self.pause_s()
                 self._cond.notify_all()
         return entry
+
+    def _read(self, store: ObjectStore, version: int) -> Entry | None:
+        """The entry at ``version`` from the host's head (another process of the host read
+        it, or found it absent a pause ago), else from the store; None if absent.
+
+        Raises:
+            CorruptLogError: it cannot be parsed. StoreError: the store failed.
+        """
+        host = self._host
+        if host is None:
+            return entry_or_none(store, version)
+        data = host.entry(version)
+        if data is None:
+            if host.absent(version):
+                return None
+            with host.reading(version):  # one process of the host asks; the rest wait
+                data = host.entry(version)
+                if data is None:
+                    if host.absent(version):
+                        return None
+                    try:
+                        data = fetch_entry(store, version)
+                    except NotFoundError:
+                        host.found_absent(version, time.monotonic() + self.pause_s())
+                        return None
+                    host.found(version, data)
+                    return decode_entry(version, data)
+        try:
+            return decode_entry(version, data)
+        except CorruptLogError:  # the host's copy is damaged: the store's is the entry
+            return entry_or_none(store, version)
 
     def _arrived(self, now: float, versions: int) -> None:
         """Folds a new version's arrival into the smoothed gap between arrivals."""
@@ -145,7 +184,9 @@ def shared_head(store: ObjectStore, created_ms: int) -> SharedHead:
     with _LOCK:
         head = _HEADS.get((store.uri, created_ms))
         if head is None:
-            head = _HEADS[(store.uri, created_ms)] = SharedHead()
+            host = HostHead.for_stream(store.uri, created_ms) if is_remote(store.uri) \
+                else None
+            head = _HEADS[(store.uri, created_ms)] = SharedHead(host)
         return head
 
 

@@ -29,12 +29,21 @@ def read_entry(store: ObjectStore, version: int) -> Entry:
         CorruptLogError: it exists but cannot be parsed.
         StoreError: the store failed.
     """
-    key = log_key(version)
+    return decode_entry(version, fetch_entry(store, version))
+
+
+def fetch_entry(store: ObjectStore, version: int) -> bytes:
+    """The bytes of log version ``version``, at most an entry's bound.
+
+    Raises:
+        NotFoundError: the version does not exist (yet).
+        CorruptLogError: it is larger than any entry may be.
+        StoreError: the store failed.
+    """
     try:
-        data = store.get(key, max_bytes=MAX_ENTRY_BYTES)
+        return store.get(log_key(version), max_bytes=MAX_ENTRY_BYTES)
     except TooLargeError as e:
         raise CorruptLogError(f"log version {version} cannot be read: {e}") from None
-    return decode_entry(version, data)
 
 
 def entry_or_none(store: ObjectStore, version: int) -> Entry | None:

@@ -1,0 +1,158 @@
+"""The log's head shared by the processes of one host: what one process read at a remote
+stream's head (an entry's bytes, or the next version found absent) is left in a folder of
+the host for the others, so that the host, not each process, sends one GET per new version
+and one per pacing round.
+
+Eight ranks a host each tailing the log through their own process's head
+(``lakestream.log.head``) send eight times the host's requests, most of them polls that find
+nothing: at 512 ranks, twice to four times what one S3 prefix serves
+(``docs/design.md`` §12). Here, per stream, in ``<host dir>/heads/<stream>/``:
+
+- ``<version>.json``: the bytes of an entry some process of the host read. Entries never
+  change once written; the file is put in place whole (a temp file renamed), so a process
+  killed while writing it leaves nothing read. The newest ``KEPT`` are kept.
+- ``absent``: ``<version> <until>``: the version some process found absent, and until when
+  (``time.monotonic()``, one clock for the host's processes) the others take it as absent
+  without asking: the pause the in-process head would have made, shared.
+- ``locks/<n>``: one process of the host reads a version from the store at a time (an
+  ``flock`` per slot of versions); the others wait for its answer, at most ``WAIT_S``, then
+  read for themselves.
+
+A damaged or unreadable file is a miss: the store is asked. Only readers at the head use
+it, as the in-process head (a committer must see every rival at once); only for streams on
+a remote store (a local one answers a poll for less than the folder does). The folder is
+``LAKESTREAM_HOST_DIR`` (``off`` turns this off), by default ``/dev/shm`` (memory, not disk),
+else the temp folder, under ``lakestream-<uid>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+
+KEPT = 128
+"""Entries each stream's folder keeps (the newest): what a reader a few versions behind
+catches up from; older ones it reads from the store."""
+WAIT_S = 1.0
+"""The longest a process waits for another of its host reading the same version."""
+SLOTS = 16
+"""Lock slots per stream: a catch-up reads several versions in parallel."""
+STALE_S = 86_400.0
+"""A stream's folder untouched this long is removed by the next process that sets up one."""
+ENV = "LAKESTREAM_HOST_DIR"
+
+
+class HostHead:
+    """One stream's shared head in the host folder ``folder``."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        os.makedirs(os.path.join(folder, "locks"), mode=0o700, exist_ok=True)
+
+    @classmethod
+    def for_stream(cls, uri: str, created_ms: int) -> HostHead | None:
+        """The host's head of the stream at ``uri`` created at ``created_ms``; None if the
+        host folder is turned off or cannot be made (each process then reads alone)."""
+        base = os.environ.get(ENV)
+        if base is not None and base.strip().lower() in ("", "0", "off", "none"):
+            return None
+        if base is None:
+            base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        heads = os.path.join(base, f"lakestream-{os.getuid()}", "heads")
+        name = hashlib.sha256(f"{uri}\0{created_ms}".encode()).hexdigest()[:32]
+        try:
+            os.makedirs(heads, mode=0o700, exist_ok=True)
+            if os.stat(os.path.join(base, f"lakestream-{os.getuid()}")).st_uid != os.getuid():
+                return None  # another user's folder: never trust its files
+            _prune(heads, keep=name)
+            return cls(os.path.join(heads, name))
+        except OSError:
+            return None
+
+    def entry(self, version: int) -> bytes | None:
+        """The bytes of ``version`` if a process of the host read them."""
+        try:
+            with open(self._path(version), "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def absent(self, version: int) -> bool:
+        """Whether a process of the host found ``version`` (or one before it) absent, and
+        the pause it set has not run out."""
+        try:
+            with open(os.path.join(self.folder, "absent")) as f:
+                seen, until = f.read().split()
+            return int(seen) <= version and time.monotonic() < float(until)
+        except (OSError, ValueError):
+            return False
+
+    def found(self, version: int, data: bytes) -> None:
+        """Leaves the entry read at ``version`` for the host, and drops the one ``KEPT``
+        versions older."""
+        with contextlib.suppress(OSError):
+            self._put(self._path(version), data)
+            if version >= KEPT:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path(version - KEPT))
+
+    def found_absent(self, version: int, until: float) -> None:
+        """Leaves "``version`` is absent until ``until``" for the host."""
+        with contextlib.suppress(OSError):
+            self._put(os.path.join(self.folder, "absent"), f"{version} {until!r}".encode())
+
+    @contextlib.contextmanager
+    def reading(self, version: int) -> Iterator[None]:
+        """Holds the host's read of ``version`` (its slot's lock) while the store is asked;
+        after ``WAIT_S`` behind another process, goes on without it."""
+        try:
+            fd = os.open(os.path.join(self.folder, "locks", str(version % SLOTS)),
+                         os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            yield
+            return
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EAGAIN, errno.EACCES) or \
+                            time.monotonic() >= deadline:
+                        break  # read alone
+                    time.sleep(0.002)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _path(self, version: int) -> str:
+        return os.path.join(self.folder, f"{version:020d}.json")
+
+    def _put(self, path: str, data: bytes) -> None:
+        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _prune(heads: str, keep: str) -> None:
+    """Removes the folders of streams no process of the host has touched for ``STALE_S``."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(heads):
+            if entry.name != keep and entry.is_dir(follow_symlinks=False) \
+                    and now - entry.stat(follow_symlinks=False).st_mtime > STALE_S:
+                shutil.rmtree(entry.path, ignore_errors=True)
