@@ -3,6 +3,7 @@ brick it for gc, or wipe it through retention (docs/deployment.md, "Threat model
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 import uuid
@@ -356,11 +357,18 @@ def test_commits_do_not_grow_with_the_producers_the_stream_knows(tmp_path) -> No
     s = _stream(str(tmp_path / "s"), 1)
     state = s.state.copy()
     state.producers = OverlayDict({f"p{k}": ProducerState(1, k, None) for k in range(100_000)})
-    t0 = time.perf_counter()
-    for _ in range(100):
-        state = state.copy()
-        state.producers[f"new-{uuid.uuid4().hex}"] = ProducerState(1, 0, None)
-    assert (time.perf_counter() - t0) / 100 < 0.002
+    best = float("inf")
+    gc.disable()  # a collection of the suite's heap inside a round is not a copy's cost
+    try:
+        for _ in range(5):  # the best of 5 rounds: the machine's other work is not either
+            t0 = time.perf_counter()
+            for _ in range(20):
+                state = state.copy()
+                state.producers[f"new-{uuid.uuid4().hex}"] = ProducerState(1, 0, None)
+            best = min(best, (time.perf_counter() - t0) / 20)
+    finally:
+        gc.enable()
+    assert best < 0.002, best
     assert len(state.producers) == 100_100
 
 
