@@ -182,12 +182,15 @@ DAC_CPU_BOUND = [
 tree: kept here, where figures live, rather than in the controller's docstring."""
 
 
-def _scale_section(scale: dict[str, Any]) -> list[str]:
-    out = ["## Metadata at scale (`bench/scale.py`)", "",
-           "Local store; each stream has 100 versions, the same in all, and differs only in how "
-           "many fragments are live. Memory is the resident memory a fresh process gains by "
-           "opening; read_step fetches the index segment holding the step. Open and "
-           "read_step times are medians of 21 rounds that take every size in turn.", "",
+def _scale_section(scale: dict[str, Any], title: str = "Metadata at scale") -> list[str]:
+    words = scale["command"].split()
+    rounds = words[words.index("--rounds") + 1] if "--rounds" in words else "21"
+    out = [f"## {title} (`bench/scale.py`)", "",
+           "Local store; each stream has 100 versions (or as many as hold 10,000 fragments "
+           "each), and differs only in how many fragments are live. Memory is the resident "
+           "memory a fresh process gains by opening; read_step fetches the index segment "
+           "holding the step. Open and read_step times are medians of "
+           f"{rounds} rounds that take every size in turn.", "",
            "| live fragments | open ms | open GETs / HEADs | open bytes | handle MB | "
            "Producer MB | read_step first ms | read_step last ms | producer samples/s |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -696,7 +699,9 @@ def _s3race_section(r: dict[str, Any]) -> list[str]:
 
 SECTIONS: tuple[tuple[str, Callable[[dict[str, Any]], list[str]]], ...] = (
     ("codecs", _codecs_section), ("stages", _stages_section), ("tailing", _tailing_section),
-    ("ingest", _ingest_section), ("scale", _scale_section), ("mixing", _mixing_section),
+    ("ingest", _ingest_section), ("scale", _scale_section),
+    ("scale-10m", lambda r: _scale_section(r, "Metadata at 10 million live fragments")),
+    ("mixing", _mixing_section),
     ("sft_mix", _sft_mix_section), ("balance", _balance_section), ("loader", _loader_section),
     ("importing", _importing_section), ("s3cache", _s3cache_section),
     ("s3race", _s3race_section))

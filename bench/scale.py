@@ -2,8 +2,8 @@
 10k, 100k and 1M live fragments (local store), then the 20,000-version growth run.
 
 Usage: .venv/bin/python -m bench.scale [--fragments 1000 10000 100000 1000000] [--rounds 21]
-       [--no-growth]
-Writes bench/results/scale.json and bench/results/scale.png.
+       [--no-growth] [--out scale.json]
+Writes bench/results/scale.json and bench/results/scale.png (or ``--out`` and its plot).
 
 Each stream has the same 100 versions (snapshot interval 10), each carrying a hundredth of its
 fragments: the streams differ only in how many fragments are live. A fragment is one step of
@@ -14,7 +14,8 @@ comes from fresh spawned processes (nothing cached from building the stream):
   figures drift more between minutes than between sizes); with the requests and bytes.
 - memory: resident memory a process gains by opening a handle, and by opening a Producer.
 - read_step: the first and the last step on a fresh handle each time (so the index segment
-  holding it is fetched), median of the same 21 rounds.
+  holding it is fetched), median of the same 21 rounds; after the process's first Arrow
+  conversion, which imports pandas where it is installed (0.2 s here, once a process).
 - producer: committed samples/s of one Producer writing 16-row fragments for 4 s.
 - growth: 4 producers of small fragments until the log holds 20,000 versions; for each tenth
   of the versions, committed samples/s, the producers' CPU-ms per 1,000 samples in user space
@@ -135,6 +136,7 @@ def _probe(uri: str, what: str, out: Any) -> None:
     elif what in ("first", "last"):
         s = lakestream.open(uri)
         step = 0 if what == "first" else s.num_steps - 1
+        pa.array([0])  # pyarrow's first conversion imports pandas where installed (0.2 s)
         t0 = time.perf_counter()
         s.read_step(step)
         out.put({"s": time.perf_counter() - t0})
@@ -238,6 +240,8 @@ def main() -> None:
                         help="interleaved rounds of the open and read_step timings")
     parser.add_argument("--growth-versions", type=int, default=20_000)
     parser.add_argument("--no-growth", action="store_true")
+    parser.add_argument("--out", default="scale.json",
+                        help="the results' file name in bench/results/ (its plot beside it)")
     args = parser.parse_args()
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -264,8 +268,8 @@ def main() -> None:
         k: large[k] / small[k] for k in ("open_s", "handle_bytes", "producer_bytes",
                                          "read_first_s", "read_last_s")}
     print("largest / smallest:", json.dumps(result["large_over_small"]))
-    save("scale.json", result)
-    plot(result, RESULTS / "scale.png")
+    save(args.out, result)
+    plot(result, RESULTS / Path(args.out).with_suffix(".png").name)
 
 
 if __name__ == "__main__":
