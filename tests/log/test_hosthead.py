@@ -109,7 +109,7 @@ def _poll(uri: str, options: dict[str, str], until: float, out: Any) -> None:
 def _host_gets(uri: str, options: dict[str, str], processes: int) -> int:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    until = time.time() + 4.0
+    until = time.time() + 3.0
     procs = [ctx.Process(target=_poll, args=(uri, options, until, out))
              for _ in range(processes)]
     for p in procs:
