@@ -38,6 +38,8 @@ import time
 import uuid
 from collections.abc import Iterator
 
+from lakestream.log.entries import MAX_ENTRY_BYTES
+
 KEPT = 128
 """Entries each stream's folder keeps (the newest): what a reader a few versions behind
 catches up from; older ones it reads from the store."""
@@ -78,19 +80,21 @@ class HostHead:
             return None
 
     def entry(self, version: int) -> bytes | None:
-        """The bytes of ``version`` if a process of the host read them."""
+        """The bytes of ``version`` if a process of the host read them (a file larger than
+        any entry may be is not one: a miss)."""
         try:
             with open(self._path(version), "rb") as f:
-                return f.read()
+                data = f.read(MAX_ENTRY_BYTES + 1)
         except OSError:
             return None
+        return data if len(data) <= MAX_ENTRY_BYTES else None
 
     def absent(self, version: int) -> bool:
         """Whether a process of the host found ``version`` (or one before it) absent, and
         the pause it set has not run out."""
         try:
-            with open(os.path.join(self.folder, "absent")) as f:
-                seen, until = f.read().split()
+            with open(os.path.join(self.folder, "absent"), "rb") as f:
+                seen, until = f.read(64).split()
             return int(seen) <= version and time.monotonic() < float(until)
         except (OSError, ValueError):
             return False

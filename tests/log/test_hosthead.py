@@ -65,6 +65,15 @@ def test_a_damaged_copy_is_read_from_the_store(tmp_path: Path) -> None:
     assert entry is not None and entry.commit_id == read_entry(store, 1).commit_id
 
 
+def test_a_copy_larger_than_any_entry_is_a_miss(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(hosthead, "MAX_ENTRY_BYTES", 64)
+    host = HostHead(str(tmp_path / "host"))
+    host.found(1, b"x" * 65)
+    assert host.entry(1) is None  # read no further than the bound, then refused
+    host.found(2, b"x" * 64)
+    assert host.entry(2) == b"x" * 64
+
+
 def test_a_held_lock_is_waited_for_a_bounded_time(tmp_path: Path, monkeypatch) -> None:
     import fcntl
 
