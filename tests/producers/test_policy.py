@@ -1,17 +1,14 @@
 """The DAC interval controller, as a pure function of what it observes (no threads), and
-the committer's pacing around it, simulated against one shared log."""
+the committer's pacing around it, simulated against one shared log (``bench/dac.py``)."""
 
 from __future__ import annotations
 
-import heapq
 import random
-from collections.abc import Generator
-from dataclasses import dataclass, field
 
 import pytest
 
-from lakestream.producers import IntervalController, ProducerOptions
-from lakestream.producers.committer import GAP_WINDOWS
+from bench.dac import simulate
+from lakestream.producers import IntervalController
 
 
 def _controller(**kwargs: float) -> IntervalController:
@@ -90,130 +87,11 @@ def test_the_wait_is_capped() -> None:
     assert c.observe(0.1, rivals=63) == 0.05
 
 
-@dataclass
-class _Run:
-    """What a simulated run saw: every commit attempt, and who wrote each log version."""
-
-    attempts: list[tuple[float, bool]] = field(default_factory=list)  # (time, lost a race)
-    versions: list[int] = field(default_factory=list)  # the producer of versions 1, 2, ...
-    fragments: list[int] = field(default_factory=list)  # committed, per producer
-    landings: list[tuple[float, int]] = field(default_factory=list)  # (time, producer)
-
-    def conflict_ratio(self, after: float = 0.0) -> float:
-        lost = [conflicted for t, conflicted in self.attempts if t >= after]
-        return sum(lost) / len(lost)
-
-    def longest_run(self) -> int:
-        """The most consecutive log versions one producer wrote."""
-        best = run = 0
-        for k, producer in enumerate(self.versions):
-            run = run + 1 if k and producer == self.versions[k - 1] else 1
-            best = max(best, run)
-        return best
-
-
-def _simulate(producers: int, latency: float, *, write_every: float, windows: int = 4000,
-              inflight: int = ProducerOptions().max_inflight_fragments,
-              max_s: float = ProducerOptions().max_interval_s,
-              gap_windows: float = GAP_WINDOWS, seed: int = 1,
-              others_stop_at: float | None = None) -> _Run:
-    """``producers`` committers sharing one log for ``windows`` commit latencies, in
-    simulated time. Each models ``Committer.run`` and ``Committer._take``: a real
-    ``IntervalController`` fed each commit's window and the distinct producers whose entries
-    it folded in since its previous commit; the wait it returns, cut short once half the in-flight
-    budget (in fragments) is uploaded, but never shorter than ``gap_windows`` commit windows.
-    A commit follows ``lakestream.log.transaction``: catch up first after a wait or a lost race
-    and before the first commit;
-    a put lands if no one took its version first; a loser reads the winner, backs off as
-    the default ``CommitOptions`` say, reads the tail and puts again. Each writer makes a
-    fragment every ``write_every`` seconds and blocks while ``inflight`` are uncommitted.
-    A request takes ``latency`` (±50%, half each way) and takes effect at the store
-    half-way. With ``others_stop_at``, every producer but the first stops then."""
-    rng = random.Random(seed)
-    retry = ProducerOptions().commit
-    run = _Run(fragments=[0] * producers)
-    head = 0  # the log's latest version
-
-    def leg() -> float:  # one way of a request
-        return latency / 2 * rng.uniform(0.5, 1.5)
-
-    def committer(k: int) -> Generator[float, float, None]:
-        nonlocal head
-        controller = IntervalController(max_s=max_s, rng=random.Random(k))
-        produced, last = rng.random(), 0.0  # the writer, at a random phase
-        committed = seen = 0  # fragments committed; the version this producer has read
-        wait_s = gap_s = 0.0
-        contended = False
-
-        def write(now: float) -> float:  # the writer's output up to now, at the budget
-            return min(committed + inflight, produced + (now - last) / write_every)
-
-        landed: float | None = None
-        now = yield rng.uniform(0, latency)
-        while others_stop_at is None or k == 0 or now < others_stop_at:
-            # _take: the next fragment once wait_s is over, or once half the budget is
-            # uploaded, but not before gap_s.
-            produced, last = write(now), now
-            short = committed - produced  # n fragments are uploaded at now + (short + n) * ...
-            first = now + max(0.0, short + 1) * write_every
-            half = now + max(0.0, short + max(1, inflight // 2)) * write_every
-            now = yield max(first, min(now + max(wait_s, gap_s), max(now + gap_s, half)))
-            produced, last = write(now), now
-            batch = int(produced + 1e-9) - committed
-            before, conflicts = seen, 0
-            if wait_s > 0 or contended or landed is None:  # catch up
-                now = yield now + leg()
-                seen = head
-                now = yield now + leg()
-            while True:
-                t_attempt = now
-                now = yield now + leg()
-                won = head == seen
-                if won:
-                    head = seen = head + 1
-                    run.versions.append(k)
-                now = yield now + leg()
-                run.attempts.append((now, not won))
-                if won:
-                    break
-                conflicts += 1
-                now = yield now + 2 * leg()  # read the winner
-                seen += 1
-                cap = min(retry.backoff_cap_s, retry.backoff_base_s * 2 ** min(conflicts, 20))
-                now = yield now + rng.uniform(0, cap)
-                now = yield now + leg()  # read the tail
-                seen = head
-                now = yield now + leg()
-            window = now - t_attempt
-            contended = conflicts > 0
-            # The producers whose entries it folded in: those between its previous commit
-            # and this one (``Transaction`` counts them as it catches up and loses races).
-            rivals = len(set(run.versions[before:seen - 1]) - {k})
-            landed = now
-            wait_s = controller.observe(window, rivals)
-            gap_s = gap_windows * window
-            produced, last = write(now), now
-            committed += batch
-            run.fragments[k] += batch
-            run.landings.append((now, k))
-
-    procs = [committer(k) for k in range(producers)]
-    queue = [(next(p), k) for k, p in enumerate(procs)]
-    heapq.heapify(queue)
-    while queue and queue[0][0] < windows * latency:
-        t, k = heapq.heappop(queue)
-        try:
-            heapq.heappush(queue, (procs[k].send(t), k))
-        except StopIteration:
-            pass
-    return run
-
-
 LATENCIES = (0.001, 0.01, 0.1)
 
 
 def test_alone_a_producer_never_conflicts() -> None:
-    run = _simulate(1, 0.01, write_every=0.0005)
+    run = simulate(1, 0.01, write_every=0.0005)
     assert len(run.attempts) > 1000 and run.conflict_ratio() == 0.0
     assert run.fragments[0] > 32 * len(run.attempts)  # batches of half the budget or more
 
@@ -225,7 +103,7 @@ def test_the_conflict_ratio_settles_where_the_share_puts_it_whatever_the_latency
     budget never half fills. With 8 producers each commits every 8 w / 0.3, about 27
     windows, and loses about a third of its races (seeds 1-3: 34-37% in the second half;
     the model's 26% leaves out the retries' own windows)."""
-    run = _simulate(8, latency, write_every=latency / 20, inflight=1 << 40, max_s=60.0)
+    run = simulate(8, latency, write_every=latency / 20, inflight=1 << 40, max_s=60.0)
     assert len(run.attempts) > 300
     assert run.conflict_ratio(after=2000 * latency) < 0.4  # the second half of the run
 
@@ -237,7 +115,7 @@ def test_producers_sharing_the_log_commit_about_equally_often(producers: int) ->
     versions among 3 (2,939 of 3,282 among 8); under the AIMD controller that followed,
     the least committing made 64-69% as many commits as the most. Each taking an equal
     share (seeds 1-3): 92-99%."""
-    run = _simulate(producers, 0.002, write_every=0.01, windows=15_000)
+    run = simulate(producers, 0.002, write_every=0.01, windows=15_000)
     commits = [run.versions.count(k) for k in range(producers)]
     assert min(commits) >= 0.8 * max(commits), commits
     assert run.conflict_ratio(after=15.0) < 0.4
@@ -249,7 +127,7 @@ def test_producers_starting_together_settle_in_one_round() -> None:
     learns its rivals from the entries its first commit folds in, with no run of lost races
     to double its way up (45-47% when a first loss set the interval to one window)."""
     for seed in (1, 2, 3):
-        run = _simulate(8, 0.05, write_every=0.05 / 20, windows=400, inflight=1 << 40,
+        run = simulate(8, 0.05, write_every=0.05 / 20, windows=400, inflight=1 << 40,
                         seed=seed)
         assert run.conflict_ratio() < 0.45
 
@@ -259,7 +137,7 @@ def test_a_producer_left_alone_commits_at_once_within_a_few_commits() -> None:
     windows) within a few commits, not after hundreds (the AIMD controller needed 200
     windows of quiet before each halving)."""
     latency, stop = 0.01, 10.0
-    run = _simulate(8, latency, write_every=latency / 20, inflight=1 << 40, max_s=60.0,
+    run = simulate(8, latency, write_every=latency / 20, inflight=1 << 40, max_s=60.0,
                     windows=2000, others_stop_at=stop)
     mine = [t for t, k in run.landings if k == 0 and t > stop]
     gaps = [b - a for a, b in zip(mine, mine[1:], strict=False)]
@@ -272,7 +150,7 @@ def test_the_gap_keeps_one_producer_from_capturing_the_log(latency: float) -> No
     """Writers faster than the log: half the budget fills between commits, so the early
     trigger overrides the controller and the gap paces a producer's next commit. With it,
     no producer writes more than a few versions in a row (seeds 1-3: at most 2)."""
-    fair = _simulate(8, latency, write_every=latency / 20)
+    fair = simulate(8, latency, write_every=latency / 20)
     assert len(fair.versions) > 1000
     assert fair.longest_run() <= 10, fair.longest_run()
 
@@ -283,8 +161,8 @@ def test_without_the_gap_the_winner_goes_again_before_its_rivals_can() -> None:
     2, 7 and 46 versions in a row, against 2 with the gap (the equal shares space most
     commits on their own; under the AIMD controller, 6, 24, 6, 12 and 4 for seeds 1-5, and
     with one that halved its interval on every quiet commit, runs of hundreds)."""
-    runs = [(_simulate(8, 0.001, write_every=0.001 / 20, gap_windows=0.0, seed=seed),
-             _simulate(8, 0.001, write_every=0.001 / 20, seed=seed)) for seed in range(1, 8)]
+    runs = [(simulate(8, 0.001, write_every=0.001 / 20, gap_windows=0.0, seed=seed),
+             simulate(8, 0.001, write_every=0.001 / 20, seed=seed)) for seed in range(1, 8)]
     assert all(bare.longest_run() >= gapped.longest_run() for bare, gapped in runs)
     assert sum(bare.longest_run() for bare, _ in runs) > 2 * sum(g.longest_run() for _, g in runs)
     assert max(bare.longest_run() for bare, _ in runs) >= 10
@@ -295,3 +173,14 @@ def test_bad_parameters_are_refused() -> None:
         IntervalController(max_s=-1)
     with pytest.raises(ValueError):
         IntervalController(utilization=0.0)
+
+
+def test_in_the_model_a_host_sharing_one_commit_waits_less_than_a_commit_each() -> None:
+    """``bench/dac.py``'s sizing of host-shared commits: 2 hosts x 8 producers writing 10
+    fragments a second each on a 45 ms store. A committer each: 16 share the log and each
+    commits every 16 windows / 0.3; one a host: 2 do (p99 2.5 s against 0.55 s, seed 1)."""
+    from bench.dac import compare
+
+    r = compare(2, 8, 0.045, 0.1, windows=2000)
+    assert r["per host"]["p99_s"] < 0.5 * r["per producer"]["p99_s"]
+    assert r["per host"]["conflict_ratio"] < r["per producer"]["conflict_ratio"]
