@@ -107,22 +107,28 @@ def _swap(*, observe: bool, only: type | None = None) -> None:
 
 def _observing(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
-    def call(self: Any, key: str, *args: Any, **kwargs: Any) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_inside, "on", False):  # a request the store makes of itself
-            return method(self, key, *args, **kwargs)
+            return method(self, *args, **kwargs)
         _inside.on = True
         t0 = time.perf_counter()
         out, error = None, None
         try:
-            out = method(self, key, *args, **kwargs)
+            out = method(self, *args, **kwargs)
+            if op == "list":  # a lazy listing: its requests are made here, not later
+                out = iter(list(out))
         except BaseException as e:
             error = e
         finally:
             _inside.on = False
-        data = (args[0] if args else kwargs.get("data")) if op == "put" else out
+        key = args[0] if args else kwargs.get("key", kwargs.get("prefix", ""))
+        if op == "put":
+            out_or_data = args[1] if len(args) > 1 else kwargs.get("data")
+        else:
+            out_or_data = out
         sized = error is None and op in _SIZED
-        seen = Request(op, key, _size(data) if sized else None, time.perf_counter() - t0,
-                       error)
+        seen = Request(op, key, _size(out_or_data) if sized else None,
+                       time.perf_counter() - t0, error)
         for hook in _hooks:
             hook(seen)
         if error is not None:
@@ -134,7 +140,10 @@ def _observing(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
 def _size(out: Any) -> int | None:
     if isinstance(out, (bytes, bytearray)):
         return len(out)
-    if isinstance(out, memoryview):
-        return out.nbytes
     size = getattr(out, "size", None)  # a pyarrow Buffer
-    return size if isinstance(size, int) else None
+    if isinstance(size, int):
+        return size
+    try:
+        return memoryview(out).nbytes  # a memoryview, obstore's Bytes, a buffer block
+    except TypeError:
+        return None

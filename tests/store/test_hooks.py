@@ -89,3 +89,17 @@ def test_a_raising_hook_fails_the_request_as_a_lost_reply(tmp_path: Path) -> Non
 def test_a_hook_must_be_callable() -> None:
     with pytest.raises(TypeError, match="function of a Request"):
         add_request_hook("print")  # type: ignore[arg-type]
+
+
+def test_keyword_calls_are_seen_as_positional_ones(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path))
+    seen: list[Request] = []
+    remove = add_request_hook(seen.append)
+    try:
+        store.put(key="a/b", data=memoryview(b"123"))
+        assert [m.key for m in store.list(prefix="a/")] == ["a/b"]
+        assert store.get(key="a/b", max_bytes=10) == b"123"
+    finally:
+        remove()
+    assert [(r.op, r.key, r.nbytes) for r in seen] == [
+        ("put", "a/b", 3), ("list", "a/", None), ("get", "a/b", 3)]
