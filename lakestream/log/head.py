@@ -91,8 +91,9 @@ class SharedHead:
             self._reading.add(version)
             self.gets += 1
         entry: Entry | None = None
+        until: float | None = None
         try:
-            entry = self._read(store, version)
+            entry, until = self._read(store, version)
         finally:
             with self._cond:
                 self._reading.discard(version)
@@ -110,40 +111,45 @@ class SharedHead:
                     # The head as far as anyone here knows: pause before asking again. A
                     # read past an absent version (a parallel round's) changes nothing.
                     self._absent = version
-                    self._retry_at = now + self.pause_s()
+                    self._retry_at = now + self.pause_s() if until is None else until
                 self._cond.notify_all()
         return entry
 
-    def _read(self, store: ObjectStore, version: int) -> Entry | None:
+    def _read(self, store: ObjectStore, version: int) -> tuple[Entry | None, float | None]:
         """The entry at ``version`` from the host's head (another process of the host read
-        it, or found it absent a pause ago), else from the store; None if absent.
+        it, or found it absent a pause ago), else from the store; None if absent, with
+        when the host's pause runs out if it said so.
 
         Raises:
             CorruptLogError: it cannot be parsed. StoreError: the store failed.
         """
         host = self._host
         if host is None:
-            return entry_or_none(store, version)
+            return entry_or_none(store, version), None
         data = host.entry(version)
         if data is None:
-            if host.absent(version):
-                return None
+            until = host.absent_until(version, POLL_REST_S)
+            if until is not None:
+                return None, until
             with host.reading(version):  # one process of the host asks; the rest wait
                 data = host.entry(version)
                 if data is None:
-                    if host.absent(version):
-                        return None
+                    until = host.absent_until(version, POLL_REST_S)
+                    if until is not None:
+                        return None, until
+                    sent = time.monotonic()
                     try:
                         data = fetch_entry(store, version)
                     except NotFoundError:
-                        host.found_absent(version, time.monotonic() + self.pause_s())
-                        return None
+                        until = sent + self.pause_s()  # absent as of the GET's sending
+                        host.found_absent(version, until)
+                        return None, until
                     host.found(version, data)
-                    return decode_entry(version, data)
+                    return decode_entry(version, data), None
         try:
-            return decode_entry(version, data)
+            return decode_entry(version, data), None
         except CorruptLogError:  # the host's copy is damaged: the store's is the entry
-            return entry_or_none(store, version)
+            return entry_or_none(store, version), None
 
     def _arrived(self, now: float, versions: int) -> None:
         """Folds a new version's arrival into the smoothed gap between arrivals."""

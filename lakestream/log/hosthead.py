@@ -13,10 +13,12 @@ nothing: at 512 ranks, twice to four times what one S3 prefix serves
   killed while writing it leaves nothing read. The newest ``KEPT`` are kept.
 - ``absent``: ``<version> <until>``: the version some process found absent, and until when
   (``time.monotonic()``, one clock for the host's processes) the others take it as absent
-  without asking: the pause the in-process head would have made, shared.
+  without asking: the pause the in-process head would have made, dated from the GET's
+  sending, shared. An end further off than a pause can be (a marker from before a reboot,
+  another host's clock) is not trusted.
 - ``locks/<n>``: one process of the host reads a version from the store at a time (an
   ``flock`` per slot of versions); the others wait for its answer, at most ``WAIT_S``, then
-  read for themselves.
+  read for themselves. A child forked while its parent holds one closes its copy.
 
 A damaged or unreadable file is a miss: the store is asked. Only readers at the head use
 it, as the in-process head (a committer must see every rival at once); only for streams on
@@ -89,24 +91,30 @@ class HostHead:
             return None
         return data if len(data) <= MAX_ENTRY_BYTES else None
 
-    def absent(self, version: int) -> bool:
-        """Whether a process of the host found ``version`` (or one before it) absent, and
-        the pause it set has not run out."""
+    def absent_until(self, version: int, longest_s: float) -> float | None:
+        """When the pause runs out that a process of the host set on finding ``version``
+        (or one before it) absent, if it has not yet; None if none holds. A pause longer
+        than ``longest_s`` from now is none a process sets (a marker from before a reboot,
+        or another host's clock): not trusted."""
         try:
             with open(os.path.join(self.folder, "absent"), "rb") as f:
                 seen, until = f.read(64).split()
-            return int(seen) <= version and time.monotonic() < float(until)
+            now, end = time.monotonic(), float(until)
         except (OSError, ValueError):
-            return False
+            return None
+        return end if int(seen) <= version and now < end <= now + longest_s else None
 
     def found(self, version: int, data: bytes) -> None:
-        """Leaves the entry read at ``version`` for the host, and drops the one ``KEPT``
-        versions older."""
+        """Leaves the entry read at ``version`` for the host, dropping the one ``KEPT``
+        versions older first (and, every ``KEPT`` versions, all older ones and temp files
+        of writers killed mid-write)."""
         with contextlib.suppress(OSError):
-            self._put(self._path(version), data)
             if version >= KEPT:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._path(version - KEPT))
+            if version % KEPT == 0:
+                self._trim(version - KEPT)
+            self._put(self._path(version), data)
 
     def found_absent(self, version: int, until: float) -> None:
         """Leaves "``version`` is absent until ``until``" for the host."""
@@ -123,6 +131,7 @@ class HostHead:
         except OSError:
             yield
             return
+        _held.add(fd)
         try:
             deadline = time.monotonic() + WAIT_S
             while True:
@@ -136,6 +145,7 @@ class HostHead:
                     time.sleep(0.002)
             yield
         finally:
+            _held.discard(fd)
             os.close(fd)  # releases the lock
 
     def _path(self, version: int) -> str:
@@ -144,12 +154,44 @@ class HostHead:
     def _put(self, path: str, data: bytes) -> None:
         tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            with open(tmp, "wb") as f:
+            try:
+                f = open(tmp, "wb")  # noqa: SIM115 - closed below
+            except FileNotFoundError:  # the folder was removed (pruned, or by the OS)
+                os.makedirs(os.path.join(self.folder, "locks"), mode=0o700, exist_ok=True)
+                f = open(tmp, "wb")  # noqa: SIM115
+            with f:
                 f.write(data)
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+    def _trim(self, below: int) -> None:
+        """Removes the entries of versions below ``below`` and temp files a minute old."""
+        now = time.time()
+        for entry in os.scandir(self.folder):
+            name = entry.name
+            with contextlib.suppress(OSError, ValueError):
+                if ".tmp-" in name and now - entry.stat().st_mtime > 60 or \
+                        name.endswith(".json") and int(name[:-5]) < below:
+                    os.unlink(entry.path)
+
+
+_held: set[int] = set()
+"""The descriptors of the lock slots this process holds now."""
+
+
+def _release_in_child() -> None:
+    """A forked child shares its parent's locks: it closes its copies of those held at the
+    fork, or a slot stays locked while the child lives (every read of it waiting
+    ``WAIT_S``)."""
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_release_in_child)
 
 
 def _prune(heads: str, keep: str) -> None:

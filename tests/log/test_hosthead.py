@@ -12,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import lakestream
 from lakestream.log import hosthead
 from lakestream.log.head import SharedHead
@@ -72,6 +74,66 @@ def test_a_copy_larger_than_any_entry_is_a_miss(tmp_path: Path, monkeypatch) -> 
     assert host.entry(1) is None  # read no further than the bound, then refused
     host.found(2, b"x" * 64)
     assert host.entry(2) == b"x" * 64
+
+
+def test_stray_old_entries_and_dead_writers_temp_files_are_trimmed(tmp_path: Path) -> None:
+    host = HostHead(str(tmp_path / "host"))
+    host.found(450, b"x")
+    host.found(5, b"old")  # a reader catching up far behind: nothing 128 above it comes
+    stale = Path(host.folder, f"{400:020d}.json.tmp-1-dead")
+    stale.write_bytes(b"torn")
+    os.utime(stale, (time.time() - 120, time.time() - 120))
+    host.found(2 * hosthead.KEPT * 2, b"y")  # a multiple of KEPT: the folder is trimmed
+    assert host.entry(5) is None and host.entry(450) == b"x" and not stale.exists()
+
+
+def test_a_removed_folder_is_made_again(tmp_path: Path) -> None:
+    import shutil
+
+    host = HostHead(str(tmp_path / "host"))
+    shutil.rmtree(host.folder)
+    host.found(1, b"x")
+    assert host.entry(1) == b"x"
+
+
+def test_an_absence_longer_than_a_pause_is_not_trusted(tmp_path: Path) -> None:
+    host = HostHead(str(tmp_path / "host"))
+    now = time.monotonic()
+    host.found_absent(5, now + 0.04)
+    assert host.absent_until(5, 0.05) == pytest.approx(now + 0.04)
+    assert host.absent_until(4, 0.05) is None  # only it and the versions after it
+    host.found_absent(5, now + 3600.0)  # from before a reboot, or another host's clock
+    assert host.absent_until(5, 0.05) is None
+    host.found_absent(5, float("inf"))
+    assert host.absent_until(6, 0.05) is None
+
+
+def test_a_child_forked_while_a_slot_is_held_does_not_keep_it(tmp_path: Path) -> None:
+    import fcntl
+    import signal
+
+    host = HostHead(str(tmp_path / "host"))
+    with host.reading(1):
+        child = os.fork()
+        if child == 0:  # the child lives on past its parent's read
+            time.sleep(30)
+            os._exit(0)
+    try:
+        fd = os.open(os.path.join(host.folder, "locks", str(1 % hosthead.SLOTS)), os.O_RDWR)
+        try:
+            deadline = time.monotonic() + 5  # the child closes its copy once it runs
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break  # free: the child let go of it
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, "the forked child kept the lock"
+                    time.sleep(0.01)
+        finally:
+            os.close(fd)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 def test_a_held_lock_is_waited_for_a_bounded_time(tmp_path: Path, monkeypatch) -> None:
