@@ -66,8 +66,6 @@ class SharedHead:
         """When a version past ``_top`` was last found (monotonic)."""
         self._gap = 2 * POLL_REST_S
         """The smoothed time between versions arriving (seconds per version)."""
-        self.gets = 0
-        """GETs of log entries this process sent through here."""
 
     def entry(self, store: ObjectStore, version: int) -> Entry | None:
         """The entry at ``version``; None if it, or a version before it, was absent when
@@ -89,7 +87,6 @@ class SharedHead:
                     break
                 self._cond.wait()  # another thread is reading it: take its answer
             self._reading.add(version)
-            self.gets += 1
         entry: Entry | None = None
         until: float | None = None
         try:
@@ -126,17 +123,16 @@ class SharedHead:
         host = self._host
         if host is None:
             return entry_or_none(store, version), None
-        data = host.entry(version)
-        if data is None:
-            until = host.absent_until(version, POLL_REST_S)
-            if until is not None:
-                return None, until
+
+        def look() -> tuple[bytes | None, float | None]:  # what the host knows of it
+            data = host.entry(version)
+            return data, None if data is not None else host.absent_until(version, POLL_REST_S)
+
+        data, until = look()
+        if data is None and until is None:
             with host.reading(version):  # one process of the host asks; the rest wait
-                data = host.entry(version)
-                if data is None:
-                    until = host.absent_until(version, POLL_REST_S)
-                    if until is not None:
-                        return None, until
+                data, until = look()
+                if data is None and until is None:
                     sent = time.monotonic()
                     try:
                         data = fetch_entry(store, version)
@@ -146,6 +142,8 @@ class SharedHead:
                         return None, until
                     host.found(version, data)
                     return decode_entry(version, data), None
+        if data is None:
+            return None, until
         try:
             return decode_entry(version, data), None
         except CorruptLogError:  # the host's copy is damaged: the store's is the entry
