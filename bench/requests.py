@@ -19,12 +19,12 @@ host's processes (``lakestream.log.hosthead``, the default) and with each proces
 
 ``model`` (a pure function, tested in ``tests/test_request_model.py``) scales those
 rates to H hosts of R ranks: per poller of the log (a host, or a process), one GET per
-version committed plus the reads that find nothing (at rest, one each ``POLL_REST_S``, 20 a
-second; under load, as counted: the host's, or a process's), and the fragments' GETs one per
-fragment a rank's slice touches, a step; per host, with a shared disk cache, one per
-fragment the host's ranks touch; rank 0's progress PUT once a second. It says what the log's
-prefix is asked for a second with a poller per process and per host, against S3's 5,500
-GETs a second per prefix.
+version committed plus the reads that find nothing (at rest, one each ``POLL_REST_S``
+within the budget ``EMPTY_POLLS_PER_S``, 18 a second; under load, as counted: the host's,
+or a process's), and the fragments' GETs one per fragment a rank's slice touches, a step;
+per host, with a shared disk cache, one per fragment the host's ranks touch; rank 0's
+progress PUT once a second. It says what the log's prefix is asked for a second with a
+poller per process and per host, against S3's 5,500 GETs a second per prefix.
 """
 
 from __future__ import annotations
@@ -38,13 +38,15 @@ from typing import Any
 
 from bench.output import command, save
 from bench.spawn import run_workers
-from lakestream.log.head import POLL_REST_S
+from lakestream.log.head import EMPTY_POLLS_PER_S, POLL_REST_S
 from lakestream.log.hosthead import ENV as HOST_DIR
 
 PREFIX_GETS_PER_S = 5500
 """S3's documented GET (and HEAD) rate per partitioned prefix."""
-REST_EMPTY_READS_PER_S = 1 / POLL_REST_S
-"""A process's polls of a stream at rest: one each ``lakestream.log.head.POLL_REST_S``."""
+REST_EMPTY_READS_PER_S = min(1 / POLL_REST_S, EMPTY_POLLS_PER_S)
+"""A process's polls of a stream at rest on a remote store: one each
+``lakestream.log.head.POLL_REST_S``, within the budget of reads that find nothing
+(``EMPTY_POLLS_PER_S``)."""
 GROUP, STEP = 8, 64
 MODES = ("per host", "per process")
 """The log's head shared by the processes of the host (the default), or by each alone

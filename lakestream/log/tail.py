@@ -15,6 +15,9 @@ from lakestream.store.base import ObjectStore
 
 TAIL_WIDTH = 16
 SLOW_ROUND_S = 0.002
+DUE_SHARE = 0.75
+"""The share of the versions left of those due that a round of ``catch_up`` reads at once:
+arrivals are uneven, and each read past the head is a request that finds nothing."""
 
 ReadEntry = Callable[[int], "Entry | None"]
 """Reads one log version: its entry, or None if it is absent. ``entry_or_none`` on a store,
@@ -66,7 +69,8 @@ def read_tail(store: ObjectStore, state: ReplayState) -> ReplayState:
     return state
 
 
-def catch_up(store: ObjectStore, state: ReplayState, read: ReadEntry | None = None) -> float:
+def catch_up(store: ObjectStore, state: ReplayState, read: ReadEntry | None = None,
+             due: float = 0.0) -> float:
     """``read_tail``, returning when the read that found the head absent was sent
     (``time.monotonic()``): from then on ``state`` may be overtaken. ``read`` reads one
     version (default: a GET on ``store``); every catch-up of the log, by readers and
@@ -77,28 +81,51 @@ def catch_up(store: ObjectStore, state: ReplayState, read: ReadEntry | None = No
     once as the last, up to ``TAIL_WIDTH``: read one at a time, a reader far behind could
     not reach a head that others move on as fast as it reads (a producer spent 9 s in one
     commit that way). A round ends at the first absent version, without waiting for the
-    reads past it. Reads that are fast (a local disk) stay one at a time, where handing
-    them to threads would cost more than the reads.
+    reads past it (``_read_round``). Reads that are fast (a local disk) stay one at a time,
+    where handing them to threads would cost more than the reads.
+
+    ``due``: the versions likely there (a reader at the head of a remote store, from how
+    often they have been arriving: ``SharedHead.due``). While fewer have been read, each
+    round reads ``DUE_SHARE`` of those left at once; past them, one a round, until twice as
+    many were read (then the reader is behind: rounds double as above). Each read past the
+    head is a request that finds nothing: a round wider than what is left would send one
+    for each version it reaches past (with rounds doubling past them, up to half of it).
     """
     if read is None:
         def read(version: int) -> Entry | None:
             return entry_or_none(store, version)
-    width = 1
+    start, width = state.version, 1
     while True:
-        first, t0 = state.version + 1, time.monotonic()
-        if width == 1:
-            entries: Iterable[Entry | None] = [read(first)]
-        else:
-            futures = [shared_pool().submit(read, v) for v in range(first, first + width)]
-            entries = (f.result() for f in futures)
-        try:
-            for offset, entry in enumerate(entries):
-                if entry is None:
-                    return t0
-                state.apply(first + offset, entry)
-        finally:
-            if width > 1:
-                for f in futures:
-                    f.cancel()
-        if time.monotonic() - t0 > SLOW_ROUND_S:
+        read_so_far = state.version - start
+        if due - read_so_far >= 1:
+            width = max(1, min(TAIL_WIDTH, int(DUE_SHARE * (due - read_so_far))))
+        elif read_so_far < 2 * due:
+            width = 1  # past what was due, near the head
+        t0 = time.monotonic()
+        head = _read_round(state, read, width)
+        if head is not None:
+            return head
+        if state.version - start >= 2 * due and time.monotonic() - t0 > SLOW_ROUND_S:
             width = min(2 * width, TAIL_WIDTH)
+
+
+def _read_round(state: ReplayState, read: ReadEntry, width: int) -> float | None:
+    """Reads the ``width`` versions after ``state``'s at once and applies them in order;
+    returns when the round began if it found one absent (``state`` is then at the head as
+    of that time), else None (all were there)."""
+    first, t0 = state.version + 1, time.monotonic()
+    if width == 1:
+        entries: Iterable[Entry | None] = [read(first)]
+    else:
+        futures = [shared_pool().submit(read, v) for v in range(first, first + width)]
+        entries = (f.result() for f in futures)
+    try:
+        for offset, entry in enumerate(entries):
+            if entry is None:
+                return t0
+            state.apply(first + offset, entry)
+    finally:
+        if width > 1:
+            for f in futures:
+                f.cancel()
+    return None

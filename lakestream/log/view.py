@@ -77,28 +77,33 @@ class LogView:
         per new version and one per backoff round for every handle of the stream that waits
         at the head. Committers refresh instead: they must see every rival at once."""
         head = shared_head(self.store, self._state.stream_meta.created_ms)
-        return self._catch_up(head.reader(self.store))
+        return self._catch_up(head.reader(self.store), head.due())
 
     def poll_wait_s(self) -> float:
         """Seconds until ``poll`` can see a version past the view: the pause of the
         process's shared head (0: poll now)."""
         return shared_head(self.store, self._state.stream_meta.created_ms).wait_s()
 
-    def _catch_up(self, read: ReadEntry | None) -> int:
-        """The one catch-up of the view: ``read`` reads a version (None: a GET)."""
+    def _catch_up(self, read: ReadEntry | None, due: float = 0.0) -> int:
+        """The one catch-up of the view: ``read`` reads a version (None: a GET); ``due``
+        versions are likely there (``catch_up``)."""
         seen = self._state
         if self._idle():
             return self.reopen(None)
         t0 = time.monotonic()
         try:
-            entry = entry_or_none(self.store, seen.version + 1) if read is None \
-                else read(seen.version + 1)
-            if entry is None:
-                self._confirmed = max(self._confirmed, t0)
-                return seen.version
-            state = seen.copy()
-            state.apply(seen.version + 1, entry)
-            t = catch_up(self.store, state, read)
+            if due >= 1:
+                state = seen.copy()
+                t = catch_up(self.store, state, read, due)
+            else:
+                entry = entry_or_none(self.store, seen.version + 1) if read is None \
+                    else read(seen.version + 1)
+                if entry is None:
+                    self._confirmed = max(self._confirmed, t0)
+                    return seen.version
+                state = seen.copy()
+                state.apply(seen.version + 1, entry)
+                t = catch_up(self.store, state, read)
         except LogCompactedError as e:
             return self.reopen(e)
         self.publish(state)

@@ -173,6 +173,40 @@ def test_catching_up_stops_at_the_head_without_waiting_for_reads_past_it(tmp_pat
         release.set()
 
 
+def test_a_catch_up_told_what_is_due_reads_little_past_the_head(tmp_path) -> None:
+    """Regression: a reader's catch-up on a remote store sent up to 15 reads past the head
+    at once (the doubling rounds of one far behind), each a billed request that finds
+    nothing. Told how many versions are due (``SharedHead.due``), it reads most of them at
+    once and past them one at a time: one read past the head where 39 were due, against
+    several without."""
+    from lakestream.log.tail import catch_up
+
+    uri = str(tmp_path / "s")
+    ahead = lakestream.create(uri, SCHEMA, global_batch_size=2, snapshot_interval=100_000)
+    behind = lakestream.open(uri)._view.state
+    for epoch in range(1, 41):
+        ahead.commit(lambda _s, cid, e=epoch: Fence("busy", e, cid))
+    head = ahead._view.state.version
+    past: list[int] = []
+
+    def slow(op: str, key: str, phase: str) -> None:  # a remote store's 5 ms a GET
+        if op == "get" and phase == "before":
+            time.sleep(0.005)
+            if log_version(key) > head:
+                past.append(log_version(key))
+
+    for due, most_past in ((0.0, None), (float(head - 1), 1)):
+        past.clear()
+        state = behind.copy()
+        catch_up(HookedStore(ahead.store, slow), state, due=due)  # type: ignore[arg-type]
+        assert state.version == head > behind.version + 30
+        time.sleep(0.2)  # the reads past the head a round left running have ended
+        if most_past is None:
+            assert len(past) > 1, past  # doubling rounds reach well past the head
+        else:
+            assert len(past) <= most_past, past
+
+
 class _Slow:
     """Every store request takes ``delay_s`` longer, as on a remote object store. Counts
     the GETs, and the longest chain of them each begun after the one before it ended."""

@@ -3,9 +3,12 @@ grow with the number of readers, and every reader still sees each step."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import threading
 import time
+import uuid
 from collections import Counter
+from typing import Any
 
 import lakestream
 from lakestream.loaders.reader import StepReader
@@ -150,3 +153,62 @@ def test_a_busy_log_is_polled_within_the_budget(tmp_path, monkeypatch) -> None:
         writer.join()
     assert step > 100  # it kept up with the writer
     assert misses["log"] <= (time.monotonic() - t0) / POLL_MIN_S + 5, misses
+
+
+
+def _append_for(uri: str, options: dict[str, str], seconds: float, count: Any) -> None:
+    """A writer process: appends a step after another for ``seconds``; ``count`` is how many."""
+    s = lakestream.open(uri, storage_options=options)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        s.append(rows(B * count.value, B))
+        count.value += 1
+
+
+def test_a_busy_log_on_a_remote_store_draws_at_most_the_budget_of_empty_reads(
+        s3_options) -> None:
+    """Regression: on a remote store a read that finds nothing is a billed request on the
+    log's prefix, and a busy log drew 65-75 a second of them here (45-75 in
+    ``bench/freshness.py``): parallel rounds reaching past the head, and the 10 ms pause.
+    Now a reader sends at most ``EMPTY_POLLS_PER_S`` a second (a few ahead, and one round's
+    reads past the head), and still sees the last commit soon after it lands."""
+    from lakestream.log.head import EMPTY_POLLS_AHEAD, EMPTY_POLLS_PER_S, POLL_REST_S
+    from lakestream.log.tail import TAIL_WIDTH
+    from lakestream.store import Request, add_request_hook
+    from tests.s3server import BUCKET
+
+    uri = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/busy"
+    lakestream.create(uri, SCHEMA, global_batch_size=B, storage_options=s3_options)
+    reads: Counter[str] = Counter()
+
+    def counted(r: Request) -> None:
+        if r.op == "get" and r.key.startswith("_delta_log/"):
+            reads["empty" if isinstance(r.error, lakestream.NotFoundError) else "found"] += 1
+
+    reader = StepReader(lakestream.open(uri, storage_options=s3_options), 0, 1, timeout=30)
+    ctx = mp.get_context("spawn")
+    count = ctx.Value("i", 0)
+    writer = ctx.Process(target=_append_for, args=(uri, s3_options, 3.0, count))
+    writer.start()
+    try:
+        assert reader.wait_visible(0)  # the writer is up
+        remove = add_request_hook(counted)
+        t0 = time.monotonic()
+        step = 1
+        while writer.is_alive() and time.monotonic() - t0 < 2.0:
+            assert reader.wait_visible(step)
+            step += 1
+        elapsed = time.monotonic() - t0
+        remove()
+        writer.join(timeout=30)
+        t1 = time.monotonic()
+        assert reader.wait_visible(count.value - 1)
+        caught_up = time.monotonic() - t1
+    finally:
+        if writer.is_alive():
+            writer.kill()
+    assert step > 20, step  # the log was busy
+    # The budget, what may be sent ahead of it, and one round's reads past the head.
+    budget = elapsed * EMPTY_POLLS_PER_S + EMPTY_POLLS_AHEAD + TAIL_WIDTH
+    assert reads["empty"] <= budget, (reads, elapsed)
+    assert caught_up < POLL_REST_S + 0.5, caught_up
