@@ -19,9 +19,10 @@ The loaders, all yielding the same ``[B, 224, 224, 3]`` uint8 ``image`` and ``[B
                       own steps are 4 batches, read with ``batch_size=`` a batch: the cost
                       of a batch size chosen at read time;
   lakestream-s3       (``--loaders`` only) ``lakestream`` over a copy of the stream on a
-                      SeaweedFS server on 127.0.0.1, read through the tests' fault proxy,
-                      which holds every GET ``--s3-get-delay-ms`` before forwarding it (a
-                      store as far away as S3 is);
+                      SeaweedFS server on 127.0.0.1, each GET ``--s3-get-delay-ms``
+                      longer (a store as far away as S3 is): held by the tests' fault
+                      proxy, or with ``--s3-delay-by hook`` by a sleep after it in the
+                      reading process (no proxy copying the bytes on the same cores);
   lakestream-nvjpeg   (``--jpeg`` on CUDA only) ``StreamDataset`` in the trainer process
                       handing over the JPEG bytes pinned, decoded on the GPU by nvJPEG
                       (``torchvision.io.decode_jpeg(device="cuda")``) inside ``next()``.
@@ -307,8 +308,11 @@ def make_loader(config: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]
         return ds, {"in_process": True, "pin_memory": ds.options.pin_memory,
                     "device": ds.options.device}
     if name == "lakestream-s3":
+        if config["s3_delay_by"] == "hook":
+            _delay_gets(config["s3_get_delay_ms"] / 1e3)
         ds = stream_dataset(config, in_process=True, s3=True)
-        return ds, {"in_process": True, "get_delay_ms": config["s3_get_delay_ms"]}
+        return ds, {"in_process": True, "get_delay_ms": config["s3_get_delay_ms"],
+                    "delay_by": config["s3_delay_by"]}
     if name == "lakestream-batch":
         ds = stream_dataset(config, in_process=True, read_time=True)
         return ds, {"in_process": True, "batch_size": ds.options.batch_size,
@@ -625,21 +629,38 @@ def machine() -> dict[str, Any]:
     return out
 
 
-def _slow_s3(config: dict[str, Any], pool: Any, delay_ms: float) -> list[Any]:
-    """A copy of the stream on SeaweedFS on 127.0.0.1, written directly, read through the
-    tests' fault proxy holding every GET ``delay_ms``; returns what to stop after the run
-    (the proxy, then the server)."""
-    from tests.faultproxy import FaultProxy
+def _slow_s3(config: dict[str, Any], pool: Any, delay_ms: float, by: str) -> list[Any]:
+    """A copy of the stream on SeaweedFS on 127.0.0.1, written directly, each GET of it
+    taking ``delay_ms`` more: held by the tests' fault proxy (``by="proxy"``: a Python
+    process copying every byte, on the cores the trainer uses), or by a request hook of the
+    reading process (``"hook"``: a sleep after each GET, in the thread that sent it).
+    Returns what to stop after the run (the proxy, then the server)."""
     from tests.s3server import start_s3
 
     server = start_s3("bench")
-    proxy = FaultProxy(server.url, lambda r: "slow" if r.method == "GET" else None,
-                       slow_s=delay_ms / 1e3)
     config["uri_s3"] = f"s3://bench/gpu-{os.getpid()}"
     write_stream(config["uri_s3"], config, pool, options=server.options())
+    config["s3_get_delay_ms"], config["s3_delay_by"] = delay_ms, by
+    if by == "hook":
+        config["s3_options"] = server.options()
+        return [server]
+    from tests.faultproxy import FaultProxy
+
+    proxy = FaultProxy(server.url, lambda r: "slow" if r.method == "GET" else None,
+                       slow_s=delay_ms / 1e3)
     config["s3_options"] = proxy.options(server.options())
-    config["s3_get_delay_ms"] = delay_ms
     return [proxy, server]
+
+
+def _delay_gets(seconds: float) -> None:
+    """Every GET this process sends takes ``seconds`` more (``--s3-delay-by hook``)."""
+    from lakestream.store import Request, add_request_hook
+
+    def hook(r: Request) -> None:
+        if r.op.startswith("get"):
+            time.sleep(seconds)
+
+    add_request_hook(hook)
 
 
 def data_dir(config: dict[str, Any]) -> str | None:
@@ -780,7 +801,10 @@ def main() -> None:
     p.add_argument("--loaders", help="a comma-separated subset (default: each that applies)")
     p.add_argument("--root", help="where the data goes (default /dev/shm, else the temp dir)")
     p.add_argument("--s3-get-delay-ms", type=float, default=50.0,
-                   help="lakestream-s3: how long the proxy holds each GET (default 50)")
+                   help="lakestream-s3: how much longer each GET takes (default 50)")
+    p.add_argument("--s3-delay-by", choices=("proxy", "hook"), default="proxy",
+                   help="lakestream-s3: the tests' fault proxy holds each GET (a process "
+                        "copying every byte), or a request hook sleeps after it")
     p.add_argument("--measure", nargs=2, metavar=("CONFIG", "LOADER"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure:
@@ -823,7 +847,8 @@ def main() -> None:
         f"_t{args.read_threads}" if args.read_threads else "") + {
         "raw": "", "jpeg": "_jpeg", "tokens": "_lm"}[kind] + (
         "_batch" if "lakestream-batch" in names else "") + (
-        "_s3" if "lakestream-s3" in names else "")
+        "_s3" + ("_hook" if args.s3_delay_by == "hook" else "")
+         if "lakestream-s3" in names else "")
     partial = RESULTS / f"{stem}.partial.json"
     root = tempfile.mkdtemp(prefix="lakestream-gpu-", dir=args.root or data_dir(config))
     result: dict[str, Any] = {"command": command("gpu"),
@@ -837,7 +862,7 @@ def main() -> None:
         print(f"producer: {result['producer']['cpu_s_per_raw_gb']:.2f} CPU-s per GB of raw "
               f"samples ({result['producer']['cores']:.2f} cores)", flush=True)
         if "lakestream-s3" in names:
-            servers = _slow_s3(config, pool, args.s3_get_delay_ms)
+            servers = _slow_s3(config, pool, args.s3_get_delay_ms, args.s3_delay_by)
         if "lakestream-batch" in names:
             config["uri_batch"] = f"{root}/stream-batch"
             config["batches"] -= config["batches"] % READ_TIME_FACTOR  # whole own steps

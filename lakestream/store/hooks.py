@@ -5,10 +5,11 @@ store's methods are its own and a request pays nothing: the first hook puts the 
 methods in their place (``observed``), the removal of the last takes them out.
 
 A hook runs in the thread that made the request, after it: it sees each request once (the
-outermost call, not the calls a store makes of itself), may sleep (added latency), and may
-raise, which fails the request with that error (an injected fault: for a put that landed,
-a lost reply). A hook set in one process is not set in its spawned workers: each sets its
-own.
+outermost call, not the calls a store makes of itself), may sleep (added latency: it runs out
+of the thread's CPU slot, ``lakestream.store.slots``, as a remote store's answer is waited
+for), and may raise, which fails the request with that error (an injected fault: for a put
+that landed, a lost reply). A hook set in one process is not set in its spawned workers:
+each sets its own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from lakestream.store.slots import cpu_slots
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -129,8 +132,9 @@ def _observing(op: str, method: Callable[..., Any]) -> Callable[..., Any]:
         sized = error is None and op in _SIZED
         seen = Request(op, key, _size(out_or_data) if sized else None,
                        time.perf_counter() - t0, error)
-        for hook in _hooks:
-            hook(seen)
+        with cpu_slots().waiting():  # a hook is no per-byte work: one sleeping is a wait
+            for hook in _hooks:
+                hook(seen)
         if error is not None:
             raise error
         return out

@@ -3,6 +3,7 @@ may add latency or fail the request; with none set the store's methods are its o
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -103,3 +104,34 @@ def test_keyword_calls_are_seen_as_positional_ones(tmp_path: Path) -> None:
         remove()
     assert [(r.op, r.key, r.nbytes) for r in seen] == [
         ("put", "a/b", 3), ("list", "a/", None), ("get", "a/b", 3)]
+
+
+def test_a_sleeping_hook_holds_no_cpu_slot(tmp_path: Path) -> None:
+    """Regression: a hook ran in the reading thread's CPU slot (``lakestream.store.slots``),
+    so a hook adding 50 ms a GET let one read wait at a time where the process had one slot:
+    a stand-in trainer reading SeaweedFS so slowed ran at 0.57x synthetic, 0.93x once the
+    hook waited out of the slot, as a remote store's answer is waited for."""
+    from lakestream.store.slots import cpu_slots
+
+    store = LocalStore(str(tmp_path))
+    store.put("a", b"x")
+    slots = cpu_slots()
+    size = slots.size
+    slots.resize(1)
+    remove = add_request_hook(lambda r: time.sleep(0.2) if r.op == "get" else None)
+
+    def read() -> None:
+        with slots.held():  # a read thread's per-byte work, in its slot
+            store.get("a")
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    t0 = time.monotonic()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        remove()
+        slots.resize(size)
+    assert time.monotonic() - t0 < 0.45  # the three sleeps overlapped (0.6 s one by one)
