@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.latency import delay_requests
 from bench.output import RESULTS
 from bench.reps import median
 from bench.spawn import run_workers
@@ -39,16 +40,6 @@ def _schema() -> Any:
 
     return pa.schema([("tokens", pa.list_(pa.int32())), ("producer", pa.int32()),
                       ("written", pa.float64())])
-
-
-def _delay_requests(ms: float) -> None:
-    """Makes each request of this process's stores take ``ms`` longer (a hook sleeping after
-    it: ``open_input``'s reads, made later through the file, are not delayed)."""
-    if not ms:
-        return
-    from lakestream.store import add_request_hook
-
-    add_request_hook(lambda request: time.sleep(ms / 1e3))
 
 
 def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
@@ -136,7 +127,8 @@ def run(producers: int, rate: float, duration: float, root: str, request_ms: flo
 
 
 def _dispatch(kind: str, request_ms: float, *args: Any) -> None:
-    _delay_requests(request_ms)
+    if request_ms:
+        delay_requests(request_ms / 1e3)
     (_producer if kind == "p" else _reader)(*args)
 
 

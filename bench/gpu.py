@@ -309,7 +309,9 @@ def make_loader(config: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]
                     "device": ds.options.device}
     if name == "lakestream-s3":
         if config["s3_delay_by"] == "hook":
-            _delay_gets(config["s3_get_delay_ms"] / 1e3)
+            from bench.latency import delay_requests
+
+            delay_requests(config["s3_get_delay_ms"] / 1e3, gets_only=True)
         ds = stream_dataset(config, in_process=True, s3=True)
         return ds, {"in_process": True, "get_delay_ms": config["s3_get_delay_ms"],
                     "delay_by": config["s3_delay_by"]}
@@ -650,17 +652,6 @@ def _slow_s3(config: dict[str, Any], pool: Any, delay_ms: float, by: str) -> lis
                        slow_s=delay_ms / 1e3)
     config["s3_options"] = proxy.options(server.options())
     return [proxy, server]
-
-
-def _delay_gets(seconds: float) -> None:
-    """Every GET this process sends takes ``seconds`` more (``--s3-delay-by hook``)."""
-    from lakestream.store import Request, add_request_hook
-
-    def hook(r: Request) -> None:
-        if r.op.startswith("get"):
-            time.sleep(seconds)
-
-    add_request_hook(hook)
 
 
 def data_dir(config: dict[str, Any]) -> str | None:
