@@ -256,10 +256,9 @@ def shared_head(store: ObjectStore, created_ms: int) -> SharedHead:
     with _LOCK:
         head = _HEADS.get((store.uri, created_ms))
         if head is None:
-            host = HostHead.for_stream(store.uri, created_ms) if is_remote(store.uri) \
-                else None
-            head = _HEADS[(store.uri, created_ms)] = SharedHead(host,
-                                                                remote=is_remote(store.uri))
+            remote = is_remote(store.uri)
+            host = HostHead.for_stream(store.uri, created_ms) if remote else None
+            head = _HEADS[(store.uri, created_ms)] = SharedHead(host, remote=remote)
         return head
 
 
