@@ -328,6 +328,17 @@ class MixPlan:
             window = max(window, (hi - 1 - s.start) // self._window(i))
         return self.base_step + (window + 1) * w - 1
 
+    def reads_again(self, i: int, step: int) -> bool:
+        """Whether a later pass of the plan reads source ``i``'s offsets that ``step`` reads:
+        a cycling source comes round for ever, a mix with epochs until its last epoch; a
+        source read once reads each offset once."""
+        if self.sources[i].cycle:
+            return True
+        if self.epochs is None:
+            return False
+        assert self.steps_per_epoch is not None
+        return step // max(self.steps_per_epoch, 1) < self.epochs - 1
+
     def needed(self, step: int) -> list[int]:
         """For each source, the samples that must be committed for ``step`` to be readable
         (by every rank at once)."""

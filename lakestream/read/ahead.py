@@ -49,7 +49,8 @@ def whole_file(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
     for ``fetch_ahead``."""
     def fetch() -> pa.Buffer:
         wall, cpu = time.perf_counter(), time.thread_time()
-        data = reader.fetch(f.path, f.size, f.crc32)
+        data = reader.fetch(f.path, f.size, f.crc32,
+                            final=last_step is not None and last_step.final)
         waited = (time.perf_counter() - wall) - (time.thread_time() - cpu)
         with _lock:
             _waits.setdefault(reader, deque(maxlen=WINDOW)).append(waited)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,8 +24,16 @@ from lakestream.read.tensors import Direct, PlainValues, plain_values
 from lakestream.store.base import ObjectStore, SeekableReader
 from lakestream.store.diskcache import DiskCache
 
-LastStep = Callable[[int, int], int]
-"""The last step that may read offsets ``[lo, hi)`` of a stream (``MixPlan.last_step``)."""
+
+class LastStep(Protocol):
+    """The last step that may read offsets ``[lo, hi)`` of a stream (``MixPlan.last_step``),
+    and whether the plan is in its last pass over them (``final``: no later epoch or cycle
+    reads them again), so that a host's disk cache lets them go first."""
+
+    @property
+    def final(self) -> bool: ...
+
+    def __call__(self, lo: int, hi: int) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -118,9 +126,10 @@ class FragmentReader:
         table = self.decode(path, size, data, footer, groups, columns)
         return table.slice(start - footer.starts[groups[0]], stop - start)
 
-    def fetch(self, path: str, size: int, crc32: int) -> pa.Buffer:
+    def fetch(self, path: str, size: int, crc32: int, *, final: bool = False) -> pa.Buffer:
         """The whole file at ``path``, checked against the size and CRC-32 the log recorded
-        (for a fragment ``fetched_whole``).
+        (for a fragment ``fetched_whole``); through the disk cache, where there is one,
+        marked there as read for the last time if ``final``.
 
         Raises:
             NotFoundError: the file is gone.
@@ -136,7 +145,8 @@ class FragmentReader:
         with _corrupt(path):
             if self.disk is not None:
                 data = self.disk.fetch(self.store.uri, path, size, crc32,
-                                       lambda: self.store.get_buffer(path, size), check)
+                                       lambda: self.store.get_buffer(path, size), check,
+                                       final=final)
             else:
                 data = self.store.get_buffer(path, size)
                 check(data)

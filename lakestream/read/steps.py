@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Protocol
 
 import pyarrow as pa
@@ -139,6 +138,24 @@ SEAM_CACHE_BYTES = 64 << 20
 fragment may hold several steps' samples, and a take need not end on a fragment's end)."""
 
 
+@dataclass(frozen=True)
+class StepPass:
+    """What a read of ``step`` fetches of source ``source``: kept until the last step that
+    may read it (``MixPlan.last_step``), and ``final`` where no later pass of the plan reads
+    it again (``MixPlan.reads_again``)."""
+
+    plan: MixPlan
+    source: int
+    step: int
+
+    def __call__(self, lo: int, hi: int) -> int:
+        return self.plan.last_step(self.source, self.step, lo, hi)
+
+    @property
+    def final(self) -> bool:
+        return not self.plan.reads_again(self.source, self.step)
+
+
 class MixSteps:
     """``plan`` over ``streams`` (one per source, in order). A plan made before a source
     was sealed takes its seal into account as soon as a handle sees it."""
@@ -261,7 +278,7 @@ class MixSteps:
                 rows = sum(hi - lo for lo, hi in s)
                 parts.append(stream.read_offsets(
                     s, columns, what=what, cache=self.cache,
-                    last_step=partial(plan.last_step, i, step),
+                    last_step=StepPass(plan, i, step),
                     sink=None if sink is None else sink.part(at, rows)))
                 at += rows
         finally:

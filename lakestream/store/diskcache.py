@@ -16,7 +16,10 @@ temporary name and renamed into place once whole, so a process killed while fill
 nothing a later one serves. A process that misses takes the entry's lock (``flock``) before
 fetching, so processes that miss at once fetch once: the others wait, then read the file.
 The entries hold at most ``limit`` bytes on disk: an insert that would pass it first deletes
-the least recently used entries (a hit touches its entry).
+the entries their readers' plans will not read again (``final``: a stream's only pass, the
+last epoch of a mix), those read last time longest ago first, then the least recently used
+(a hit touches its entry). A read for the last time sets the entry's time ``DONE_AGE_S``
+back, so one order serves both, across processes: such an entry sorts before any in use.
 
 Only fragments fetched whole go through it (up to 8 MB, or up to 256 MB when a read wants
 half their rows: ``lakestream.log.fragments.read_whole``); a larger one read by row group,
@@ -52,6 +55,8 @@ RESCAN_INSERTS = 256
 reserved and never wrote, or wrote and never counted)."""
 LOW_WATER = 0.9
 """An insert that would pass the limit evicts down to this share of it."""
+DONE_AGE_S = 10 * 365 * 86400.0
+"""How far back an entry read for the last time is dated: before every entry in use."""
 _TMP = ".tmp-"
 
 
@@ -81,10 +86,12 @@ class DiskCache:
         return f"DiskCache({self.root!r}, limit={self.limit})"
 
     def fetch(self, store: str, key: str, size: int, crc32: int,
-              load: Callable[[], Buffer], check: Callable[[Buffer], None]) -> Buffer:
+              load: Callable[[], Buffer], check: Callable[[Buffer], None], *,
+              final: bool = False) -> Buffer:
         """The fragment ``key`` of the store at URI ``store``, ``size`` bytes with CRC-32
         ``crc32``: from the disk if held and ``check`` passes on it, else ``load()``ed,
-        checked and kept. ``check`` raises (ValueError) on bytes that differ from the log's
+        checked and kept; if ``final`` (the reader's plan will not read it again), kept
+        among the first to go. ``check`` raises (ValueError) on bytes that differ from the log's
         record; raised on what the store served, it reaches the caller. A failure of the
         cache's own disk (unreadable, full, read-only) is a miss: the store serves.
 
@@ -94,13 +101,13 @@ class DiskCache:
         """
         path = os.path.join(self.root, hashlib.sha256(store.encode()).hexdigest()[:16],
                             f"{check_key(key)}~{size}-{crc32:08x}")  # never out of the root
-        data = self._held(path, size, check)
+        data = self._held(path, size, check, final)
         if data is not None:
             return data
         lock = self._lock(str(_stripe(path)))
         try:
             if lock is not None:
-                data = self._held(path, size, check)  # another process filled it meanwhile
+                data = self._held(path, size, check, final)  # filled by another meanwhile
                 if data is not None:
                     return data
             data = load()
@@ -108,13 +115,14 @@ class DiskCache:
             self.misses += 1
             self.fetched_bytes += size
             if lock is not None and _padded(size) <= self.limit:
-                self._insert(path, data, size)
+                self._insert(path, data, size, final)
             return data
         finally:
             if lock is not None:
                 _unlock(lock)
 
-    def _held(self, path: str, size: int, check: Callable[[Buffer], None]) -> Buffer | None:
+    def _held(self, path: str, size: int, check: Callable[[Buffer], None], final: bool
+              ) -> Buffer | None:
         try:
             data = _read(path, size, self.direct)
         except OSError:  # the cache's disk failed: a miss
@@ -129,8 +137,7 @@ class DiskCache:
             with contextlib.suppress(OSError):
                 os.unlink(path)  # damaged on disk: fetched again
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)  # recently used
+        _touch(path, final)
         self.hits += 1
         return data
 
@@ -154,7 +161,7 @@ class DiskCache:
             raise
         return fd
 
-    def _insert(self, path: str, data: Buffer, size: int) -> None:
+    def _insert(self, path: str, data: Buffer, size: int, final: bool) -> None:
         """Keeps ``data`` at ``path``: its room reserved first (evicting what must go), then
         written under a temporary name and renamed into place; on a failing disk, nothing."""
         writing = _padded(size)  # a direct write's file, before its cut
@@ -165,6 +172,8 @@ class DiskCache:
             _write(tmp, data, size, self.direct)
             failpoint("during_cache_fill")
             os.replace(tmp, path)
+            if final:
+                _touch(path, final)
         except OSError:  # a full or read-only disk: serve what was fetched, keep nothing
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -219,8 +228,9 @@ class DiskCache:
         os.replace(tmp, os.path.join(self.root, ".usage"))
 
     def _evict(self, room: int) -> int:
-        """Deletes the least recently used entries until they hold at most ``room`` bytes,
-        and temporary files left by killed writers; returns what the entries hold."""
+        """Deletes entries until they hold at most ``room`` bytes, the earliest dated first
+        (those read for the last time, then the least recently used), and temporary files
+        left by killed writers; returns what the entries hold."""
         entries: list[tuple[float, int, str]] = []
         now = time.time()
         filling = 0  # temporary files of fills under way, at the size reserved for them
@@ -269,6 +279,14 @@ def _close_held_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_held_after_fork)
+
+
+def _touch(path: str, final: bool) -> None:
+    """Dates the entry at ``path`` now: recently used; ``DONE_AGE_S`` earlier if ``final``."""
+    now = time.time()
+    when = now - DONE_AGE_S if final else now
+    with contextlib.suppress(OSError):
+        os.utime(path, (when, when))
 
 
 def _padded(size: int) -> int:

@@ -308,3 +308,16 @@ def test_a_source_added_before_a_cycling_one_used_to_remap_its_positions() -> No
                     base_step=8)
     rest = [x for step in range(8, 24) for x in _read(after, step, 0, 1)[1]]
     assert not set(rest) & seen and len(seen | set(rest)) == 48
+
+
+def test_a_plan_says_which_passes_are_read_again() -> None:
+    """A source read once is never read again; a cycling one always is; with epochs, every
+    step before the last epoch is (a host's disk cache lets go first what is not)."""
+    once = MixPlan([SourcePlan(take=4)], shuffle_window=3)
+    assert not once.reads_again(0, 0) and not once.reads_again(0, 10_000)
+    mixed = MixPlan([SourcePlan(take=4, sealed=40), SourcePlan(take=2, cycle=True, sealed=6)])
+    assert not mixed.reads_again(0, 3) and mixed.reads_again(1, 3)
+    epochs = MixPlan([SourcePlan(take=4, sealed=40)], epochs=3, shuffle_window=2)
+    assert epochs.steps_per_epoch == 10
+    assert [epochs.reads_again(0, s) for s in (0, 9, 10, 19, 20, 29)] == \
+        [True, True, True, True, False, False]

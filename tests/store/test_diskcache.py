@@ -21,7 +21,7 @@ import pytest
 from zlib_ng import zlib_ng
 
 import lakestream
-from lakestream.loaders import DiskCache, StreamDataset
+from lakestream.loaders import DiskCache, Source, StreamDataset
 from lakestream.producers import Producer
 from lakestream.store.s3 import S3Store
 from tests.helpers import SCHEMA, rows
@@ -41,14 +41,14 @@ def _checker(body: bytes) -> Any:
     return check
 
 
-def _fetch(cache: DiskCache, body: bytes, loads: list[int], key: str = "data/p/a.parquet"
-           ) -> bytes:
+def _fetch(cache: DiskCache, body: bytes, loads: list[int], key: str = "data/p/a.parquet",
+           final: bool = False) -> bytes:
     def load() -> bytes:
         loads.append(1)
         return body
 
     return bytes(memoryview(cache.fetch(STORE, key, len(body), zlib_ng.crc32(body), load,
-                                        _checker(body))).cast("B"))
+                                        _checker(body), final=final)).cast("B"))
 
 
 def _entries(root: Path) -> list[Path]:
@@ -131,6 +131,59 @@ def test_the_entries_stay_within_the_limit_least_recently_used_first(tmp_path: P
     big = os.urandom(20_000)  # larger than the limit: served, never kept
     assert _fetch(cache, big, loads, key="data/p/big.parquet") == big
     assert sum(p.stat().st_size for p in _entries(tmp_path)) <= limit
+
+
+@pytest.mark.parametrize("on", ["hit", "miss"])
+def test_an_entry_read_for_the_last_time_goes_before_the_least_recently_used(
+        tmp_path: Path, on: str) -> None:
+    """A reader whose plan will not read a fragment again (``final``) lets it go first: an
+    insert past the limit evicts it, not the least recently used entry, whether the last
+    read found it on disk or filled it."""
+    limit = 3 * 4096 + 100  # three entries of a page each
+    cache, loads = DiskCache(str(tmp_path), limit), []
+    bodies = [os.urandom(4096) for _ in range(4)]
+    for i in range(3):
+        _fetch(cache, bodies[i], loads, key=f"data/p/{i}.parquet", final=on == "miss" and i == 2)
+        time.sleep(0.02)  # distinct access times
+    if on == "hit":
+        _fetch(cache, bodies[2], loads, key="data/p/2.parquet", final=True)
+    assert len(loads) == 3
+    _fetch(cache, bodies[3], loads, key="data/p/3.parquet")  # past the limit: one must go
+    assert sorted(p.name.split("~")[0] for p in _entries(tmp_path)) == \
+        ["0.parquet", "1.parquet", "3.parquet"]  # 2 went, not 0, the least recently used
+    _fetch(cache, bodies[0], loads, key="data/p/0.parquet")
+    assert len(loads) == 4
+
+
+def test_a_last_pass_marks_what_it_reads_and_an_earlier_epoch_does_not(
+        tmp_path: Path) -> None:
+    """Read through a dataset, the cache's entries are dated back (read for the last time)
+    by a stream's only pass and by a mix's last epoch, never by an epoch that a later one
+    reads again. (12 steps, a step ahead: the second epoch finds none of the first's
+    fragments still in the reader's memory, so it reads them through the cache.)"""
+    uri = str(tmp_path / "s")
+    lakestream.create(uri, SCHEMA, global_batch_size=8)
+    with Producer(uri, "p") as p:
+        for k in range(12):
+            p.write(rows(8 * k, 8))
+    lakestream.open(uri).seal()
+
+    def dated_back(root: Path) -> int:
+        now = time.time()
+        return sum(1 for e in _entries(root) if e.stat().st_mtime < now - 86400)
+
+    def read(cache: DiskCache, **kw: Any) -> int:
+        return len(list(StreamDataset(kw.pop("source", uri), group=None, disk_cache=cache,
+                                      prefetch=1, read_threads=1, **kw)))
+
+    once = DiskCache(str(tmp_path / "once"), 1 << 30)
+    assert read(once) == 12
+    assert len(_entries(tmp_path / "once")) == 12 and dated_back(tmp_path / "once") == 12
+    twice = DiskCache(str(tmp_path / "twice"), 1 << 30)
+    assert read(twice, source=[Source(uri, 8)], epochs=2, max_steps=12) == 12
+    assert len(_entries(tmp_path / "twice")) == 12 and dated_back(tmp_path / "twice") == 0
+    assert read(twice, source=[Source(uri, 8)], epochs=2) == 24
+    assert dated_back(tmp_path / "twice") == 12 and twice.misses == 12
 
 
 def _fill(root: str, body: bytes, log: str, start: Any) -> None:
