@@ -15,7 +15,8 @@ version committed, inherent to reading the log). A growing backoff paced it befo
 quiet spell a commit was seen up to half a second late.
 
 On a remote store a read that finds nothing is a billed request on the log's prefix, and
-those are held to a budget: ``EMPTY_POLLS_PER_S`` (18) a second, under load as at rest. Each
+those are held to a budget: ``EMPTY_POLLS_PER_S`` (18) a second, under load as at rest, for
+a host's processes together where they share the host's head (below). Each
 spends ``1 / EMPTY_POLLS_PER_S`` s of it, ``EMPTY_POLLS_AHEAD`` may be spent ahead, and a
 parallel round of a catch-up that reached past the head spent one for each of its reads
 past it: the pause after it is that much longer. So that such reads are few, a poll reads
@@ -55,8 +56,8 @@ CACHED_ENTRIES = 256
 POLL_MIN_S = 0.01
 POLL_REST_S = 0.05
 EMPTY_POLLS_PER_S = 18
-"""On a remote store, the most reads a second of a process's (and, through the host's head, a
-host's) that find no new version of a stream."""
+"""On a remote store, the most reads a second of a host's processes that find no new version
+of a stream (of a process's, where the host's head is off)."""
 EMPTY_POLLS_AHEAD = 3
 """How many of those reads a process may send ahead of the budget's pace (after a round
 reached past the head, the next poll comes sooner, and the budget holds over seconds)."""
@@ -192,13 +193,19 @@ class SharedHead:
         pause, and on a remote store at least until the reads that found nothing are within
         ``EMPTY_POLLS_PER_S`` (each spends ``1 / EMPTY_POLLS_PER_S`` s of it: the reads of a
         parallel round that reached past the head lengthen the pause)."""
+        # The host's budget where its processes share the head (each alone drew its own
+        # 18 a second: 8 ranks of a host sent 42), else this process's.
+        spent = self._host.spend(sent, 1 / EMPTY_POLLS_PER_S) \
+            if self._remote and self._host is not None else None
         with self._cond:
             until = sent + self.pause_s()
             if self._remote:
                 # Each such read spends 1 / EMPTY_POLLS_PER_S s, a few of them ahead: polls
                 # then start every 1 / EMPTY_POLLS_PER_S s, not that long after each ends.
-                self._spent_to = max(self._spent_to, sent) + 1 / EMPTY_POLLS_PER_S
-                until = max(until, self._spent_to - EMPTY_POLLS_AHEAD / EMPTY_POLLS_PER_S)
+                if spent is None:
+                    self._spent_to = max(self._spent_to, sent) + 1 / EMPTY_POLLS_PER_S
+                    spent = self._spent_to
+                until = max(until, spent - EMPTY_POLLS_AHEAD / EMPTY_POLLS_PER_S)
             return min(until, sent + LONGEST_PAUSE_S)
 
     def due(self) -> float:

@@ -16,6 +16,10 @@ nothing: at 512 ranks, twice to four times what one S3 prefix serves
   without asking: the pause the in-process head would have made, dated from the GET's
   sending, shared. An end further off than a pause can be (a marker from before a reboot,
   another host's clock) is not trusted.
+- ``budget``: ``<spent to>``: how far the host's reads that found nothing have spent its
+  budget of them (``time.monotonic()``; ``lakestream.log.head.EMPTY_POLLS_PER_S``), read and
+  moved on under ``locks/budget``, so that a host's processes together send what one would.
+  A value further off than ``BUDGET_AHEAD_S`` is not trusted (a reboot's, another clock's).
 - ``locks/<n>``: one process of the host reads a version from the store at a time (an
   ``flock`` per slot of versions); the others wait for its answer, at most ``WAIT_S``, then
   read for themselves. A child forked while its parent holds one closes its copy.
@@ -52,6 +56,9 @@ SLOTS = 16
 STALE_S = 86_400.0
 """A stream's folder untouched this long is removed by the next process that sets up one."""
 ENV = "LAKESTREAM_HOST_DIR"
+BUDGET_AHEAD_S = 60.0
+"""The furthest ahead of now the host's budget may have been spent: a ``budget`` further off
+was not written by this host since it booted."""
 
 
 class HostHead:
@@ -115,6 +122,35 @@ class HostHead:
             if version % KEPT == 0:
                 self._trim(version - KEPT)
             self._put(self._path(version), data)
+
+    def spend(self, sent: float, cost_s: float) -> float | None:
+        """Spends ``cost_s`` of the host's budget of reads that find nothing, for one sent
+        at ``sent`` (monotonic): returns how far the budget is now spent (at least
+        ``sent + cost_s``); None if the folder fails (the process keeps its own budget)."""
+        path = os.path.join(self.folder, "budget")
+        try:
+            fd = os.open(os.path.join(self.folder, "locks", "budget"),
+                         os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return None
+        _held.add(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                with open(path, "rb") as f:
+                    spent = float(f.read(64))
+            except (OSError, ValueError):
+                spent = 0.0
+            if spent > time.monotonic() + BUDGET_AHEAD_S:
+                spent = 0.0
+            spent = max(spent, sent) + cost_s
+            self._put(path, repr(spent).encode())
+            return spent
+        except OSError:
+            return None
+        finally:
+            _held.discard(fd)
+            os.close(fd)
 
     def found_absent(self, version: int, until: float) -> None:
         """Leaves "``version`` is absent until ``until``" for the host."""

@@ -212,3 +212,70 @@ def test_a_busy_log_on_a_remote_store_draws_at_most_the_budget_of_empty_reads(
     budget = elapsed * EMPTY_POLLS_PER_S + EMPTY_POLLS_AHEAD + TAIL_WIDTH
     assert reads["empty"] <= budget, (reads, elapsed)
     assert caught_up < POLL_REST_S + 0.5, caught_up
+
+
+def _tail_counting(uri: str, options: dict[str, str], host_dir: str, seconds: float,
+                   go: Any, empties: Any, steps: Any) -> None:
+    """A reader process of the host at ``host_dir``: follows the log for ``seconds`` once
+    ``go`` is set, counting its reads of the log that found nothing."""
+    import os
+
+    os.environ["LAKESTREAM_HOST_DIR"] = host_dir
+    from lakestream.store import Request, add_request_hook
+
+    reader = StepReader(lakestream.open(uri, storage_options=options), 0, 1, timeout=30)
+    assert reader.wait_visible(0)
+    go.wait()
+
+    def counted(r: Request) -> None:
+        if r.op == "get" and r.key.startswith("_delta_log/") \
+                and isinstance(r.error, lakestream.NotFoundError):
+            with empties.get_lock():
+                empties.value += 1
+
+    add_request_hook(counted)
+    t0, step = time.monotonic(), 1
+    while time.monotonic() - t0 < seconds:
+        reader.wait_visible(step)
+        step += 1
+    steps.value = step
+
+
+def test_the_readers_of_a_host_share_one_budget_of_empty_reads(s3_options, tmp_path) -> None:
+    """Regression: each process kept its own budget of reads finding nothing, so the host
+    sent its processes' sum (8 ranks of a host drew 42 a second in ``bench/requests.py``).
+    Three reader processes sharing the host's head now draw about one budget between them
+    (a few ahead, and some of a round's reads past the head for each)."""
+    from lakestream.log.head import EMPTY_POLLS_AHEAD, EMPTY_POLLS_PER_S
+    from lakestream.log.tail import TAIL_WIDTH
+    from tests.s3server import BUCKET
+
+    uri = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/host"
+    lakestream.create(uri, SCHEMA, global_batch_size=B, storage_options=s3_options)
+    lakestream.open(uri, storage_options=s3_options).append(rows(0, B))
+    ctx = mp.get_context("spawn")
+    go, empties, count = ctx.Event(), ctx.Value("i", 0), ctx.Value("i", 1)
+    seconds, n = 3.0, 3
+    steps = [ctx.Value("i", 0) for _ in range(n)]
+    readers = [ctx.Process(target=_tail_counting,
+                           args=(uri, s3_options, str(tmp_path), seconds, go, empties, k))
+               for k in steps]
+    writer = ctx.Process(target=_append_for, args=(uri, s3_options, seconds + 1.0, count))
+    for p in readers:
+        p.start()
+    try:
+        time.sleep(2.0)  # the readers are up (each waits for step 0, committed above)
+        writer.start()
+        go.set()
+        for p in readers:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        for p in [*readers, writer]:
+            if p.is_alive():
+                p.kill()
+        writer.join(timeout=30)
+    assert min(k.value for k in steps) > 10, [k.value for k in steps]  # the log was busy
+    # 64-66 here; 107-110 with a budget per process.
+    budget = seconds * EMPTY_POLLS_PER_S + EMPTY_POLLS_AHEAD + n * TAIL_WIDTH / 2
+    assert empties.value <= budget, (empties.value, budget)
