@@ -7,7 +7,9 @@ each whole fetch less the CPU its thread spent, over the last ``WINDOW`` fetches
 ahead run on a small pool per process (reset in a forked child, whose threads did not
 survive the fork) and go through the reader's ``FragmentCache``: a step's own read finds
 each fragment held, or waits for the fetch under way, and a fetch that fails raises there,
-as the step's own fetch would have.
+as the step's own fetch would have. A fetch ahead that starts only once every read that may
+need its file is over (queued behind a busy pool, while the step fetched the file itself)
+fetches nothing.
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ def fetch_ahead(reader: FragmentReader, cache: FragmentCache, fragments: Sequenc
 
 def _quietly(reader: FragmentReader, cache: FragmentCache, f: Fragment,
              last_step: LastStep | None) -> None:
+    # A fetch ahead that waited in the pool until its step's own read had fetched the file,
+    # and every read that needs it was over (the cache let it go), would fetch it again.
+    if last_step is not None and cache.passed(last_step(f.offset, f.offset + f.rows)):
+        return
     try:
         whole_file(reader, cache, f, last_step)
     except Exception:  # the step's own read of it raises it again

@@ -113,6 +113,13 @@ class FragmentCache:
         pending.set_result(value)
         return value
 
+    def passed(self, step: int) -> bool:
+        """Whether every read that may need what is kept until ``step`` is over: ``step``
+        is below every step being read and every one begun lately (what ``end`` drops)."""
+        with self._lock:
+            begun = [*self._begun, *self._active]
+            return bool(begun) and step < min(begun)
+
     def discard(self, key: Hashable) -> None:
         """Drops ``key`` if held (no later read needs it)."""
         with self._lock:

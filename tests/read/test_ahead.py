@@ -91,3 +91,50 @@ def test_a_fetch_ahead_that_fails_fails_the_step(tmp_path) -> None:
     s.store.delete(gone.path)
     with pytest.raises(NotFoundError):
         _step(handle, cache, 1)
+
+
+def test_a_fetch_ahead_that_starts_after_its_step_is_over_fetches_nothing(tmp_path) -> None:
+    """Regression: a fetch ahead queued behind a busy pool ran after its step had fetched
+    the file itself and every read that needed it was over, and fetched it again (a
+    reader's fragments counted twice under a loaded test run)."""
+    from lakestream.plan.mix import MixPlan, SourcePlan
+    from lakestream.read import ahead
+    from lakestream.read.steps import StepPass
+
+    s = _stream(tmp_path)
+    distant = _Distant(s.store)
+    gets: list[str] = []
+    real = distant.get_buffer
+
+    def counted(key: str, size: int) -> Any:
+        gets.append(key)
+        return real(key, size)
+
+    distant.get_buffer = counted  # type: ignore[method-assign]
+    handle = lakestream.stream.Stream(s.uri, distant, s.state)
+    cache, plan = FragmentCache(64 << 20), MixPlan([SourcePlan(take=8)])
+
+    def step(k: int) -> list[int]:
+        cache.begin(k)
+        try:
+            return ids(handle.read_offsets([(8 * k, 8 * k + 8)], cache=cache,
+                                           last_step=StepPass(plan, 0, k)))
+        finally:
+            cache.end(k)
+
+    assert step(0) == list(range(8))  # its waits say the store is far: step 1 fetches ahead
+    release = threading.Event()
+    blockers = [ahead._executor().submit(release.wait) for _ in range(ahead.THREADS)]
+    try:
+        assert step(1) == list(range(8, 16))  # its own read fetched all 8; 7 ahead queued
+        for k in range(2, 9):  # later steps: the cache lets step 1's fragments go
+            cache.begin(k)
+            cache.end(k)
+        assert not cache.holds(*[(f.path, f.size, f.crc32) for f in s.state.all_fragments()])
+        before = len(gets)
+    finally:
+        release.set()
+    for b in blockers:
+        b.result(timeout=10)
+    time.sleep(0.3)  # the queued fetches ahead have run
+    assert len(gets) == before == 16, gets
