@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -49,6 +49,16 @@ def whole_file(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
     """The file of ``f``, fetched whole and checked; through ``cache``, fetched once while it
     keeps it: until the last step that may read any of its rows. Each fetch's wait is noted
     for ``fetch_ahead``."""
+    fetch = _fetcher(reader, f, last_step)
+    if cache is None:
+        return fetch()
+    until = None if last_step is None else last_step(f.offset, f.offset + f.rows)
+    return cache.fetch((f.path, f.size, f.crc32), fetch, until=until)
+
+
+def _fetcher(reader: FragmentReader, f: Fragment, last_step: LastStep | None
+             ) -> Callable[[], pa.Buffer]:
+    """A whole fetch of ``f``'s file, its wait noted."""
     def fetch() -> pa.Buffer:
         wall, cpu = time.perf_counter(), time.thread_time()
         data = reader.fetch(f.path, f.size, f.crc32,
@@ -58,10 +68,7 @@ def whole_file(reader: FragmentReader, cache: FragmentCache | None, f: Fragment,
             _waits.setdefault(reader, deque(maxlen=WINDOW)).append(waited)
         return data
 
-    if cache is None:
-        return fetch()
-    until = None if last_step is None else last_step(f.offset, f.offset + f.rows)
-    return cache.fetch((f.path, f.size, f.crc32), fetch, until=until)
+    return fetch
 
 
 def waits_on_store(reader: FragmentReader) -> bool:
@@ -95,10 +102,12 @@ def _quietly(reader: FragmentReader, cache: FragmentCache, f: Fragment,
              last_step: LastStep | None) -> None:
     # A fetch ahead that waited in the pool until its step's own read had fetched the file,
     # and every read that needs it was over (the cache let it go), would fetch it again.
-    if last_step is not None and cache.passed(last_step(f.offset, f.offset + f.rows)):
-        return
     try:
-        whole_file(reader, cache, f, last_step)
+        if last_step is None:
+            whole_file(reader, cache, f, last_step)
+        else:
+            cache.fetch_ahead((f.path, f.size, f.crc32), _fetcher(reader, f, last_step),
+                              until=last_step(f.offset, f.offset + f.rows))
     except Exception:  # the step's own read of it raises it again
         pass
 

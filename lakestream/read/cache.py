@@ -43,6 +43,9 @@ class FragmentCache:
         self._begun: deque[int] = deque(maxlen=OVERTAKEN + 1)
         self._active: dict[int, int] = {}
         self._until: dict[Hashable, int] = {}
+        self._let_go: dict[Hashable, int] = {}
+        """Keys discarded while reads up to the step given may still run: not fetched
+        ahead again (``fetch_ahead``) until it has passed."""
         self._held: OrderedDict[Hashable, pa.Table | pa.Buffer] = OrderedDict()
         self._sizes: dict[Hashable, int] = {}
         self._loading: dict[Hashable, Future[pa.Table | pa.Buffer]] = {}
@@ -89,6 +92,22 @@ class FragmentCache:
         if not mine:
             with cpu_slots().waiting():  # the loader may need a slot to finish
                 return pending.result()
+        return self._load(key, load, until, pending)
+
+    def fetch_ahead(self, key: Hashable, load: Callable[[], Loaded], *, until: int) -> None:
+        """``fetch`` for a read still to come, from another thread: nothing where ``key`` is
+        held or being loaded, or every read that may need it is over (``until`` passed: the
+        read it was started for fetched it itself, and it has been let go since), or it was
+        discarded as done with (its row groups decoded)."""
+        with self._lock:
+            if key in self._held or key in self._loading or key in self._let_go \
+                    or self._passed(until):
+                return
+            pending = self._loading[key] = Future()
+        self._load(key, load, until, pending)
+
+    def _load(self, key: Hashable, load: Callable[[], Loaded], until: int | None,
+              pending: Future[pa.Table | pa.Buffer]) -> Loaded:
         try:
             value = load()
         except BaseException as e:
@@ -113,17 +132,20 @@ class FragmentCache:
         pending.set_result(value)
         return value
 
-    def passed(self, step: int) -> bool:
+    def _passed(self, step: int) -> bool:
         """Whether every read that may need what is kept until ``step`` is over: ``step``
         is below every step being read and every one begun lately (what ``end`` drops)."""
-        with self._lock:
-            begun = [*self._begun, *self._active]
-            return bool(begun) and step < min(begun)
+        begun = [*self._begun, *self._active]
+        return bool(begun) and step < min(begun)
 
     def discard(self, key: Hashable) -> None:
-        """Drops ``key`` if held (no later read needs it)."""
+        """Drops ``key`` if held (no later read needs it; nor is it fetched ahead again
+        while it was to be kept)."""
         with self._lock:
             if key in self._held:
+                until = self._until.get(key)
+                if until is not None:
+                    self._let_go[key] = until
                 self._drop(key)
 
     def begin(self, step: int) -> None:
@@ -150,6 +172,8 @@ class FragmentCache:
         floor = min([*self._begun, *self._active])
         for key in [k for k, u in self._until.items() if u < floor]:
             self._drop(key)
+        for key in [k for k, u in self._let_go.items() if u < floor]:
+            del self._let_go[key]
 
     def _drop(self, key: Hashable) -> None:
         self._until.pop(key, None)
