@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from lakestream.log.segments import Fragment
 from lakestream.read.cache import FragmentCache
-from lakestream.read.fragments import FragmentReader, LastStep
+from lakestream.read.fragments import FragmentReader, LastStep, is_final
 
 WAIT_S = 0.002
 """A median wait per fetch above this, and a step's fragments are fetched at once."""
@@ -61,8 +61,7 @@ def _fetcher(reader: FragmentReader, f: Fragment, last_step: LastStep | None
     """A whole fetch of ``f``'s file, its wait noted."""
     def fetch() -> pa.Buffer:
         wall, cpu = time.perf_counter(), time.thread_time()
-        data = reader.fetch(f.path, f.size, f.crc32,
-                            final=last_step is not None and last_step.final)
+        data = reader.fetch(f.path, f.size, f.crc32, final=is_final(last_step))
         waited = (time.perf_counter() - wall) - (time.thread_time() - cpu)
         with _lock:
             _waits.setdefault(reader, deque(maxlen=WINDOW)).append(waited)

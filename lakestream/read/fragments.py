@@ -6,10 +6,10 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,16 +24,15 @@ from lakestream.read.tensors import Direct, PlainValues, plain_values
 from lakestream.store.base import ObjectStore, SeekableReader
 from lakestream.store.diskcache import DiskCache
 
+LastStep = Callable[[int, int], int]
+"""The last step that may read offsets ``[lo, hi)`` of a stream (``MixPlan.last_step``). One
+whose ``final`` attribute is true (``StepPass``) says no later pass of the plan reads them
+again, so that a host's disk cache lets them go first (``is_final``)."""
 
-class LastStep(Protocol):
-    """The last step that may read offsets ``[lo, hi)`` of a stream (``MixPlan.last_step``),
-    and whether the plan is in its last pass over them (``final``: no later epoch or cycle
-    reads them again), so that a host's disk cache lets them go first."""
 
-    @property
-    def final(self) -> bool: ...
-
-    def __call__(self, lo: int, hi: int) -> int: ...
+def is_final(last_step: LastStep | None) -> bool:
+    """Whether ``last_step`` says its reads are the plan's last of what they read."""
+    return bool(getattr(last_step, "final", False))
 
 
 @dataclass(frozen=True)

@@ -142,3 +142,17 @@ def test_a_fetch_ahead_that_starts_after_its_step_read_the_file_fetches_nothing(
         b.result(timeout=10)
     time.sleep(0.3)  # the queued fetches ahead have run
     assert len(gets) == before == 16, gets
+
+
+def test_a_last_step_given_as_a_plain_function_still_reads(tmp_path) -> None:
+    """``Stream.read_offsets`` takes any ``last_step(lo, hi)``; only a plan's ``StepPass``
+    also says whether the pass is the last (a function is taken as not)."""
+    s = _stream(tmp_path)
+    handle = lakestream.stream.Stream(s.uri, _Distant(s.store, 0.0), s.state)
+    cache = FragmentCache(64 << 20)
+    for k in range(3):
+        cache.begin(k)
+        table = handle.read_offsets([(8 * k, 8 * k + 8)], cache=cache,
+                                    last_step=lambda lo, hi, k=k: k)
+        cache.end(k)
+        assert ids(table) == list(range(8 * k, 8 * k + 8))
