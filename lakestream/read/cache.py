@@ -135,8 +135,12 @@ class FragmentCache:
     def _passed(self, step: int) -> bool:
         """Whether every read that may need what is kept until ``step`` is over: ``step``
         is below every step being read and every one begun lately (what ``end`` drops)."""
-        begun = [*self._begun, *self._active]
-        return bool(begun) and step < min(begun)
+        floor = self._floor()
+        return floor is not None and step < floor
+
+    def _floor(self) -> int | None:
+        """The lowest of the steps being read and of those begun lately (None before any)."""
+        return min([*self._begun, *self._active], default=None)
 
     def discard(self, key: Hashable) -> None:
         """Drops ``key`` if held (no later read needs it; nor is it fetched ahead again
@@ -169,7 +173,9 @@ class FragmentCache:
             self._until[key] = max(until, self._until.get(key, until))
 
     def _drop_passed(self) -> None:
-        floor = min([*self._begun, *self._active])
+        floor = self._floor()
+        if floor is None:
+            return
         for key in [k for k, u in self._until.items() if u < floor]:
             self._drop(key)
         for key in [k for k, u in self._let_go.items() if u < floor]:
