@@ -128,29 +128,23 @@ class HostHead:
         at ``sent`` (monotonic): returns how far the budget is now spent (at least
         ``sent + cost_s``); None if the folder fails (the process keeps its own budget)."""
         path = os.path.join(self.folder, "budget")
-        try:
-            fd = os.open(os.path.join(self.folder, "locks", "budget"),
-                         os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError:
-            return None
-        _held.add(fd)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with self._lock_file("budget") as fd:
+            if fd is None:
+                return None
             try:
-                with open(path, "rb") as f:
-                    spent = float(f.read(64))
-            except (OSError, ValueError):
-                spent = 0.0
-            if spent > time.monotonic() + BUDGET_AHEAD_S:
-                spent = 0.0
-            spent = max(spent, sent) + cost_s
-            self._put(path, repr(spent).encode())
-            return spent
-        except OSError:
-            return None
-        finally:
-            _held.discard(fd)
-            os.close(fd)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    with open(path, "rb") as f:
+                        spent = float(f.read(64))
+                except (OSError, ValueError):
+                    spent = 0.0
+                if spent > time.monotonic() + BUDGET_AHEAD_S:
+                    spent = 0.0
+                spent = max(spent, sent) + cost_s
+                self._put(path, repr(spent).encode())
+                return spent
+            except OSError:
+                return None
 
     def found_absent(self, version: int, until: float) -> None:
         """Leaves "``version`` is absent until ``until``" for the host."""
@@ -161,16 +155,9 @@ class HostHead:
     def reading(self, version: int) -> Iterator[None]:
         """Holds the host's read of ``version`` (its slot's lock) while the store is asked;
         after ``WAIT_S`` behind another process, goes on without it."""
-        try:
-            fd = os.open(os.path.join(self.folder, "locks", str(version % SLOTS)),
-                         os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError:
-            yield
-            return
-        _held.add(fd)
-        try:
+        with self._lock_file(str(version % SLOTS)) as fd:
             deadline = time.monotonic() + WAIT_S
-            while True:
+            while fd is not None:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
@@ -180,9 +167,23 @@ class HostHead:
                         break  # read alone
                     time.sleep(0.002)
             yield
+
+    @contextlib.contextmanager
+    def _lock_file(self, name: str) -> Iterator[int | None]:
+        """The lock file ``locks/<name>``, open and not yet locked (None if it cannot be
+        opened), closed afterwards, which releases a lock taken on it."""
+        try:
+            fd = os.open(os.path.join(self.folder, "locks", name), os.O_RDWR | os.O_CREAT,
+                         0o600)
+        except OSError:
+            yield None
+            return
+        _held.add(fd)
+        try:
+            yield fd
         finally:
             _held.discard(fd)
-            os.close(fd)  # releases the lock
+            os.close(fd)
 
     def _path(self, version: int) -> str:
         return os.path.join(self.folder, f"{version:020d}.json")
