@@ -37,6 +37,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import math
 import os
 import shutil
 import tempfile
@@ -138,8 +139,8 @@ class HostHead:
                         spent = float(f.read(64))
                 except (OSError, ValueError):
                     spent = 0.0
-                if spent > time.monotonic() + BUDGET_AHEAD_S:
-                    spent = 0.0
+                if not math.isfinite(spent) or spent > time.monotonic() + BUDGET_AHEAD_S:
+                    spent = 0.0  # damaged, or not this boot's: a fresh budget
                 spent = max(spent, sent) + cost_s
                 self._put(path, repr(spent).encode())
                 return spent

@@ -206,7 +206,7 @@ def test_processes_of_a_host_poll_a_stream_at_rest_as_one(s3_options, monkeypatc
 def test_the_host_budget_is_one_for_every_handle_and_distrusts_a_far_value(tmp_path) -> None:
     """Two handles on one stream's folder (two processes of the host) spend one budget of
     reads finding nothing; a value far past now (before a reboot, another clock) restarts
-    it; a folder that fails leaves the process its own budget (None)."""
+    it, as does a damaged one; a folder that fails leaves the process its own budget (None)."""
     from lakestream.log.hosthead import BUDGET_AHEAD_S
 
     a, b = HostHead(str(tmp_path / "s")), HostHead(str(tmp_path / "s"))
@@ -215,6 +215,8 @@ def test_the_host_budget_is_one_for_every_handle_and_distrusts_a_far_value(tmp_p
     assert b.spend(now, 0.05) == pytest.approx(now + 0.10)  # after a's, not beside it
     assert a.spend(now + 1.0, 0.05) == pytest.approx(now + 1.05)  # an idle budget refills
     (tmp_path / "s" / "budget").write_text(repr(now + 2 * BUDGET_AHEAD_S))
+    assert b.spend(now, 0.05) == pytest.approx(now + 0.05)
+    (tmp_path / "s" / "budget").write_text("nan")  # damaged: not a budget spent for ever
     assert b.spend(now, 0.05) == pytest.approx(now + 0.05)
     (tmp_path / "s" / "locks").rename(tmp_path / "gone")
     (tmp_path / "s" / "locks").write_text("not a folder")
