@@ -25,7 +25,11 @@ The loaders, all yielding the same ``[B, 224, 224, 3]`` uint8 ``image`` and ``[B
                       reading process (no proxy copying the bytes on the same cores);
   lakestream-nvjpeg   (``--jpeg`` on CUDA only) ``StreamDataset`` in the trainer process
                       handing over the JPEG bytes pinned, decoded on the GPU by nvJPEG
-                      (``torchvision.io.decode_jpeg(device="cuda")``) inside ``next()``.
+                      (``torchvision.io.decode_jpeg(device="cuda")``) inside ``next()``;
+  lakestream@t<N>, lakestream@si<MS>
+                      (``--loaders`` only) ``lakestream`` with N read threads, or with the
+                      interpreter's switch interval at MS ms while it reads (in place of
+                      ``SWITCH_INTERVAL_S``): what each costs the training loop's steps.
 Raw pixels are a tensor column in the stream and a plain ``binary`` column in Parquet;
 ``--jpeg`` stores JPEG quality 90 bytes instead (``bench/images.py``), decoded by
 Lakestream's ``transform=`` (in its read threads or workers), with PIL per sample in the
@@ -303,6 +307,8 @@ def make_loader(config: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]
         workers["multiprocessing_context"] = "spawn"
     if name == "synthetic":
         return Synthetic(config), {"in_process": True}
+    if name.startswith("lakestream@"):
+        return variant(config, name.partition("@")[2])
     if name == "lakestream":
         ds = stream_dataset(config, in_process=True)
         return ds, {"in_process": True, "pin_memory": ds.options.pin_memory,
@@ -342,6 +348,21 @@ def make_loader(config: dict[str, Any], name: str) -> tuple[Any, dict[str, Any]]
         return torch.utils.data.DataLoader(ds, batch_size=config["batch"], collate_fn=collate,
                                            **workers), workers
     raise ValueError(f"unknown loader {name!r}; expected one of {LOADERS}")
+
+
+def variant(config: dict[str, Any], how: str) -> tuple[Any, dict[str, Any]]:
+    """In-process ``lakestream`` with ``t<N>`` read threads or a switch interval of
+    ``si<MS>`` ms while it reads."""
+    if how.startswith("t") and how[1:].isdigit():
+        ds = stream_dataset({**config, "read_threads": int(how[1:])}, in_process=True)
+        return ds, {"in_process": True, "read_threads": int(how[1:])}
+    if how.startswith("si"):
+        from lakestream.loaders import host
+
+        host.SWITCH_INTERVAL_S = float(how[2:]) / 1e3
+        return stream_dataset(config, in_process=True), {
+            "in_process": True, "switch_interval_s": host.SWITCH_INTERVAL_S}
+    raise ValueError(f"unknown variant lakestream@{how}; expected t<threads> or si<ms>")
 
 
 class NvJpeg:
@@ -812,7 +833,7 @@ def main() -> None:
     names = [n.strip() for n in args.loaders.split(",") if n.strip()] if args.loaders else \
         [n for n in LOADERS if (nvjpeg or n != "lakestream-nvjpeg")
          and n not in ("lakestream-batch", "lakestream-s3")]
-    if "synthetic" not in names or any(n not in LOADERS for n in names):
+    if "synthetic" not in names or any(n.partition("@")[0] not in LOADERS for n in names):
         p.error(f"--loaders must name synthetic and only these: {', '.join(LOADERS)}")
     if "lakestream-nvjpeg" in names and (args.stand_in or not args.jpeg):
         p.error("lakestream-nvjpeg decodes JPEGs on the GPU: it needs --jpeg on CUDA")
