@@ -554,8 +554,10 @@ def _ceiling_table(title: str, r: dict[str, Any]) -> list[str]:
 
 GPU_INTRO = [
     "## Multimodal loaders feeding one trainer (`bench/gpu.py`)", "",
-    "Batches of 64 samples fed to one trainer by each loader, each measurement in a process "
-    "of its own, repetitions interleaved; medians (min-max). With `--stand-in` the trainer "
+    "Batches of 64 samples (256 on a GPU host) fed to one trainer by each loader, each "
+    "measurement in a process of its own, repetitions interleaved; medians (min-max). On a GPU "
+    "host the trainer is a null one (the batch copied to the GPU and reduced: each loader's "
+    "own ceiling) or a timm model in bf16. With `--stand-in` the trainer "
     "is the CPU stand-in of a launch-bound CUDA loop: its thread runs tiny torch ops for a "
     "fixed 32 ms a step, so a loader's score is the fraction of the run spent stepping (of "
     "synthetic batches). `next()` is the trainer thread's CPU per batch outside the step; "
@@ -567,15 +569,24 @@ GPU_RESULTS = (
     ("Raw 224x224x3 uint8 images, a stream whose own steps are 256 read with batch_size=64",
      "gpu_standin_batch"),
     ("Raw 224x224x3 uint8 images, the stream also on SeaweedFS behind a proxy holding every "
-     "GET 50 ms", "gpu_standin_s3"))
+     "GET 50 ms", "gpu_standin_s3"),
+    ("GPU host: raw 224x224x3 uint8 images, the null trainer", "gpu_null"),
+    ("GPU host: raw 224x224x3 uint8 images, ViT-Ti/16 in bf16", "gpu_vit_tiny_patch16_224"))
 """The stand-in (or CUDA) loader runs of ``bench/gpu.py``, one table per kind of data."""
+
+
+def _dispatch(x: dict[str, Any]) -> str:
+    """The stand-in trainer's op rate of synthetic's; a CUDA trainer has none."""
+    d = x.get("dispatch_of_synthetic")
+    return f"{d['median']:.2f}" if d else "-"
 
 
 def _gpu_table(kind: str, r: dict[str, Any]) -> list[str]:
     """One ``bench/gpu.py`` run: per loader its rate of synthetic's, ``next()``'s CPU, its
     CPU per GB and the trainer's dispatch rate; then its ratios and the producer's CPU."""
     m, c, s = r["machine"], r["config"], r["spreads"]
-    out = [f"{kind} ({c['batch']} a batch, {m['cores']} cores, {m.get('cpu', '')}, "
+    gpu = f", {m['gpu']}" if m.get("gpu") else ""
+    out = [f"{kind} ({c['batch']} a batch, {m['cores']} cores, {m.get('cpu', '')}{gpu}, "
            f"torch {m['torch']}):", "",
            "| loader | of synthetic | samples/s | `next()` CPU ms | CPU-s per GB | "
            "dispatch |", "| --- | --- | --- | --- | --- | --- |"]
@@ -584,7 +595,7 @@ def _gpu_table(kind: str, r: dict[str, Any]) -> list[str]:
                    f"{x['samples_per_s']['median']:.0f} | "
                    f"{x['next_cpu_ms']['median']:.2f} | "
                    f"{x['cpu_s_per_gb']['median']:.2f} | "
-                   f"{x['dispatch_of_synthetic']['median']:.2f} |")
+                   f"{_dispatch(x)} |")
     for name, x in r["ratios"].items():
         out.append(f"\n{name}: {_ratio(x)}.")
     p = r["producer"]
