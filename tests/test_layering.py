@@ -45,7 +45,7 @@ LAYERS = {
     "plan": (("plan", "plan.slices", "plan.rows", "plan.choose"),
              ("plan.balance", "plan.mix")),
     "read": (("read", "read.cache", "read.compact"),
-             ("read.pages",),
+             ("read.pages", "read.footer"),
              ("read.fastpages",),
              ("read.tensors", "read.bounds"),
              ("read.fragments", "read.lineage"),

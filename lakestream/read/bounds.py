@@ -1,6 +1,6 @@
-"""What a fragment may decode to, bounded before it is decoded: its footer checked (a chunk
-per column in every row group, within the file), and each row group's decoded size bounded
-by what its pages hold, not by what its footer says."""
+"""What a fragment may decode to, bounded before it is decoded (its footer checked first:
+``read/footer.py``): each row group's decoded size bounded by what its pages hold, not by
+what its footer says."""
 
 from __future__ import annotations
 
@@ -39,18 +39,6 @@ def chunk_range(md: pq.FileMetaData, group: int, column: int) -> tuple[int, int]
     if chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < start:
         start = chunk.dictionary_page_offset
     return start, start + chunk.total_compressed_size
-
-
-def check_footer(md: pq.FileMetaData) -> None:
-    """Raises ValueError if a row group holds another number of column chunks than the
-    schema has columns: pyarrow aborts the process on reading a chunk past them, so no
-    chunk is looked at before this holds."""
-    columns = md.num_columns
-    for i in range(md.num_row_groups):
-        group = md.row_group(i)
-        if group.num_columns != columns:
-            raise ValueError(f"row group {i} holds {group.num_columns} columns, the schema "
-                             f"{columns}")
 
 
 def decoded_bound(md: pq.FileMetaData, group: int, buf: Any, base: int = 0,

@@ -1,8 +1,11 @@
 """Parquet's Thrift compact protocol, read in bounded time and memory: structs parsed to a
 depth of ``MAX_DEPTH``, fields 1-8 kept, anything else skipped, damage reported as ``Damage``
-(``read/pages.py`` turns it into a ValueError naming the page)."""
+(``read/pages.py`` turns it into a ValueError naming the page); lists of structs walked
+element by element (``struct_list``), for the footer's row groups and column chunks."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
 
 MAX_DEPTH = 8
 """The deepest nesting of structs, lists, sets and maps parsed or skipped (a page header
@@ -92,6 +95,62 @@ def read_struct(mv: memoryview, pos: int, depth: int, keep: int) -> tuple[Fields
             fields[fid] = value
 
 
+def walk_struct(mv: memoryview, pos: int, depth: int,
+                reads: Mapping[int, tuple[int, Callable[[int], int]]]) -> int:
+    """Reads past the struct at ``pos``, nested at ``depth``, calling ``read(pos)`` at the
+    value of each field ``reads`` names as ``fid: (compact type, read)`` where it has that
+    type (``read`` returns where the value ends). Returns where the struct ends."""
+    if depth > MAX_DEPTH:
+        raise Damage(f"nested deeper than {MAX_DEPTH}")
+    fid = 0
+    while True:
+        head = mv[pos]
+        pos += 1
+        t = head & 0x0F
+        if t == T_STOP:
+            return pos
+        if head > 0x0F:
+            fid += head >> 4
+        else:
+            n, pos = varint(mv, pos)
+            fid = (n >> 1) ^ -(n & 1)
+        how = reads.get(fid)
+        if how is not None and how[0] == t:
+            pos = how[1](pos)
+        elif t == T_I32 or t == T_I64 or t == T_I16:  # the common ones, inline
+            while mv[pos] >= 0x80:
+                pos += 1
+            pos += 1
+        elif t != T_TRUE and t != T_FALSE:  # a bool field's value is in its type
+            pos = skip(mv, pos, t, depth)
+
+
+def list_length(mv: memoryview, pos: int) -> int:
+    """The number of elements of the list at ``pos``."""
+    head = mv[pos]
+    return varint(mv, pos + 1)[0] if head >> 4 == 15 else head >> 4
+
+
+def struct_list(mv: memoryview, pos: int, depth: int, element: Callable[[int], int]) -> int:
+    """Reads past the list of structs at ``pos`` (in a struct nested at ``depth``), calling
+    ``element(pos)`` at each element, which returns where it ends. Returns where the list
+    ends."""
+    if depth >= MAX_DEPTH:
+        raise Damage(f"nested deeper than {MAX_DEPTH}")
+    head = mv[pos]
+    pos += 1
+    n, kind = head >> 4, head & 0x0F
+    if n == 15:
+        n, pos = varint(mv, pos)
+    if kind != T_STRUCT:
+        raise Damage(f"a list of compact type {kind} where structs belong")
+    if n > len(mv) - pos:  # a byte an element at least
+        raise Past
+    for _ in range(n):
+        pos = element(pos)
+    return pos
+
+
 def skip(mv: memoryview, pos: int, t: int, depth: int) -> int:
     """Reads past a value of compact type ``t`` in a container nested at ``depth`` (a bool
     takes a byte: this is a list's or a map's element, or a field of another type)."""
@@ -124,6 +183,12 @@ def skip(mv: memoryview, pos: int, t: int, depth: int) -> int:
             return pos + n
         if kind == T_DOUBLE:
             return ahead(mv, pos, 8 * n)
+        if kind == T_I32 or kind == T_I64 or kind == T_I16:  # varints, inline
+            for _ in range(n):
+                while mv[pos] >= 0x80:
+                    pos += 1
+                pos += 1
+            return pos
         for _ in range(n):
             pos = skip(mv, pos, kind, depth + 1)
         return pos

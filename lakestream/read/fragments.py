@@ -18,8 +18,9 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError, NotFoundError
 from lakestream.log.fragments import read_whole
-from lakestream.read.bounds import check_decoded, check_footer, chunk_range, leaf_count
+from lakestream.read.bounds import check_decoded, chunk_range, leaf_count
 from lakestream.read.fastpages import FastPage
+from lakestream.read.footer import check_footer, footer_bytes, read_tail
 from lakestream.read.tensors import Direct, PlainValues, plain_values
 from lakestream.store.base import ObjectStore, SeekableReader
 from lakestream.store.diskcache import DiskCache
@@ -171,9 +172,17 @@ class FragmentReader:
         footer = self.cached_footer(path, size, crc32)
         with _corrupt(path):
             if footer is None:
-                with self._source(path, size, data) as f:
-                    md = _reader(f, None, False).metadata
-                check_footer(md)
+                if data is not None:
+                    md = _reader(pa.BufferReader(data), None, False).metadata
+                    thrift = footer_bytes(memoryview(data), size)
+                else:
+                    with self.store.open_input(path, size) as f:
+                        at, got = read_tail(f, size)
+                    tail = Spans(size)  # pyarrow reads the footer from what was read
+                    tail.add(at, got)
+                    md = _reader(tail, None, False).metadata
+                    thrift = footer_bytes(memoryview(got), size)
+                check_footer(md, thrift)
                 footer = Footer.of(md)
                 with self._lock:
                     self._footers[(path, size, crc32)] = footer
@@ -261,9 +270,6 @@ class FragmentReader:
             check_decoded(md, [g], memoryview(data), lo, leaves)
             spans.add(lo, data)
         return spans
-
-    def _source(self, path: str, size: int, data: pa.Buffer | None) -> Any:
-        return pa.BufferReader(data) if data is not None else self.store.open_input(path, size)
 
     def _check_schema(self, table: pa.Table, columns: list[str] | None) -> pa.Table:
         """What was decoded has the stream's columns and types (compared after decoding,

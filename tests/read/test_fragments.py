@@ -5,6 +5,7 @@ shared by a reader's threads decodes each fragment once."""
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -227,7 +228,7 @@ def test_a_footer_whose_row_group_has_other_columns_than_the_schema_is_refused()
     footer before touching a column."""
     from types import SimpleNamespace
 
-    from lakestream.read.bounds import check_footer
+    from lakestream.read.footer import check_footer
 
     def column(j: int) -> object:
         raise AssertionError("a column chunk was read")
@@ -235,4 +236,89 @@ def test_a_footer_whose_row_group_has_other_columns_than_the_schema_is_refused()
     group = SimpleNamespace(num_columns=3, num_rows=1, column=column)
     md = SimpleNamespace(num_columns=2, num_row_groups=1, row_group=lambda i: group)
     with pytest.raises(ValueError, match="row group 0 holds 3 columns, the schema 2"):
-        check_footer(md)  # type: ignore[arg-type]
+        check_footer(md, memoryview(b""))  # type: ignore[arg-type]
+
+
+def _footer_changed(body: bytes, values: Any, wanted: Any) -> bytes:
+    """``body`` with one byte of its footer changed, to one of ``values(byte)``, so that
+    pyarrow still parses it and ``wanted(facts)`` holds for the facts of one of its chunks."""
+    from lakestream.read.footer import chunk_facts, footer_bytes
+
+    end = len(body) - 8
+    start = end - int.from_bytes(body[end:end + 4], "little")
+    for at in range(start, end):
+        for value in values(body[at]):
+            changed = body[:at] + bytes([value]) + body[at + 1:]
+            try:
+                pq.ParquetFile(pa.BufferReader(changed))
+                facts = chunk_facts(footer_bytes(memoryview(changed), len(changed)))
+            except (OSError, ValueError):
+                continue
+            if any(wanted(f) for g in facts for f in g):
+                return changed
+    raise AssertionError("no byte of the footer changes it so")
+
+
+CHANGES = {
+    # the codec UNCOMPRESSED (0, zigzag 0) made -51 (zigzag 101)
+    "codec": (lambda b: [101] if b == 0 else [],
+              lambda f: f.codec == -51,
+              "names compression codec -51, which Parquet does not define"),
+    # a list of i64 (a level histogram) made longer than its column's levels
+    "histogram": (lambda b: [(k << 4) | 6 for k in range(3, 6)] if b & 0x0F == 6 else [],
+                  lambda f: f.definition_levels > 2 or f.repetition_levels > 1,
+                  "level histogram of"),
+}
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_footer_entry_pyarrow_aborts_on_is_refused(tmp_path, change: str,
+                                                      whole: bool) -> None:
+    """Found by fuzzing fragment bytes: a column chunk whose codec is out of Parquet's range,
+    or whose size statistics hold more levels than its column has, made pyarrow throw a C++
+    exception nothing catches (from ``compression``, from ``RowGroupMetaData.column``),
+    aborting the process. Read in a process of its own, so that an abort fails this test
+    alone."""
+    import subprocess
+    import sys
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": pa.array([1, 2, None], pa.int64())}), sink,
+                   compression="none")
+    values, wanted, message = CHANGES[change]
+    body = _footer_changed(sink.getvalue().to_pybytes(), values, wanted)
+    (tmp_path / "f.parquet").write_bytes(body)
+    crc = zlib.crc32(body) if whole else -1
+    code = f"""
+import pyarrow as pa
+from lakestream.errors import CorruptLogError
+from lakestream.read.fragments import FragmentReader
+from lakestream.store.local import LocalStore
+reader = FragmentReader(LocalStore({str(tmp_path)!r}), cache_size=0,
+                        schema=pa.schema([("id", pa.int64())]))
+try:
+    reader.read("f.parquet", {len(body)}, 0, 3, crc32={crc}, rows=3)
+except CorruptLogError as e:
+    print(e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert message in out.stdout
+
+
+def test_a_fragment_whose_footer_is_longer_than_one_read_of_its_end_is_read_by_range(
+        tmp_path) -> None:
+    """Its footer is read whole from the file's end, beyond ``FOOTER_READ``, and pyarrow
+    reads it from those bytes."""
+    from lakestream.read.footer import FOOTER_READ
+
+    table = pa.table({f"c{i}": pa.array([i, i + 1], pa.int64()) for i in range(800)})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    body = sink.getvalue().to_pybytes()
+    assert int.from_bytes(body[-8:-4], "little") > FOOTER_READ
+    (tmp_path / "f.parquet").write_bytes(body)
+    reader = FragmentReader(LocalStore(str(tmp_path)), cache_size=0, schema=table.schema)
+    assert reader.read("f.parquet", len(body), 0, 2, rows=2).equals(table)
