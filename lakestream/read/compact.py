@@ -189,6 +189,15 @@ def skip(mv: memoryview, pos: int, t: int, depth: int) -> int:
                     pos += 1
                 pos += 1
             return pos
+        if kind == T_BINARY:  # column paths, inline
+            for _ in range(n):
+                size, pos = varint(mv, pos)
+                pos = ahead(mv, pos, size)
+            return pos
+        if kind == T_STRUCT:
+            for _ in range(n):
+                pos = read_struct(mv, pos, depth + 2, 0)[1]
+            return pos
         for _ in range(n):
             pos = skip(mv, pos, kind, depth + 1)
         return pos
