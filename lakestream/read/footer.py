@@ -57,9 +57,10 @@ def footer_length(end: memoryview, size: int) -> int:
     Raises:
         ValueError: it does not end as Parquet does, or its footer is longer than it.
     """
-    if len(end) < 8 or end[-4:] != b"PAR1":
+    last = end[-8:].tobytes() if len(end) >= 8 else b""
+    if last[4:] != b"PAR1":
         raise ValueError("it does not end as Parquet does (b'PAR1')")
-    n = int.from_bytes(end[-8:-4], "little")
+    n = int.from_bytes(last[:4], "little")
     if n + 12 > size:
         raise ValueError(f"its footer of {n:,} bytes is longer than the file")
     return n

@@ -25,6 +25,10 @@ from lakestream.read.tensors import Direct, PlainValues, plain_values
 from lakestream.store.base import ObjectStore, SeekableReader
 from lakestream.store.diskcache import DiskCache
 
+OPENED = 16
+"""Readers opened by ``footer`` kept for a decode to come: as many fragments as a reader's
+threads read at once, a few times over."""
+
 LastStep = Callable[[int, int], int]
 """The last step that may read offsets ``[lo, hi)`` of a stream (``MixPlan.last_step``). One
 whose ``final`` attribute is true (``StepPass``) says no later pass of the plan reads them
@@ -101,6 +105,10 @@ class FragmentReader:
         self._expected: dict[tuple[str, ...] | None,
                              tuple[list[str], list[pa.DataType], pa.Schema]] = {}
         self._footers: OrderedDict[tuple[str, int, int], Footer] = OrderedDict()
+        self._opened: OrderedDict[tuple[str, int], tuple[pa.Buffer, ParquetReader]] = \
+            OrderedDict()
+        """Readers ``footer`` opened on whole fragments' bytes, each for the first decode of
+        those bytes (a fragment of a few rows spent a sixth of its read opening one)."""
         self._cache_size = cache_size
         self._lock = threading.Lock()
 
@@ -173,7 +181,8 @@ class FragmentReader:
         with _corrupt(path):
             if footer is None:
                 if data is not None:
-                    md = _reader(pa.BufferReader(data), None, False).metadata
+                    opened = _reader(pa.BufferReader(data), None, False)
+                    md = opened.metadata
                     thrift = footer_bytes(memoryview(data), size)
                 else:
                     with self.store.open_input(path, size) as f:
@@ -188,6 +197,10 @@ class FragmentReader:
                     self._footers[(path, size, crc32)] = footer
                     while len(self._footers) > self._cache_size:
                         self._footers.popitem(last=False)
+                    if data is not None:  # for its decode, which need not open it again
+                        self._opened[(path, size)] = (data, opened)
+                        while len(self._opened) > OPENED:
+                            self._opened.popitem(last=False)
             if rows is not None and footer.starts[-1] != rows:
                 raise ValueError(f"holds {footer.starts[-1]} rows, the log says {rows}")
         return footer
@@ -211,7 +224,10 @@ class FragmentReader:
             else:
                 source = self._fetch_groups(path, size, footer, groups, columns)
             # Parquet's page checksums (slow) are checked only where the CRC-32 was not.
-            reader = _reader(source, footer.metadata, data is None)
+            with self._lock:
+                opened = self._opened.pop((path, size), None)
+            reader = opened[1] if opened is not None and opened[0] is data else \
+                _reader(source, footer.metadata, data is None)
             table = reader.read_row_groups(list(groups), column_indices=leaves,
                                            use_threads=False)
             return self._check_schema(table, columns)
