@@ -28,6 +28,9 @@ from lakestream.store.diskcache import DiskCache
 OPENED = 16
 """Readers opened by ``footer`` kept for a decode to come: as many fragments as a reader's
 threads read at once, a few times over."""
+OPENED_BYTES = 1 << 20
+"""Only small fragments' readers are kept (each holds its fragment's bytes): opening one is
+a sixth of a 4-row fragment's read, and nothing beside a large one's."""
 
 LastStep = Callable[[int, int], int]
 """The last step that may read offsets ``[lo, hi)`` of a stream (``MixPlan.last_step``). One
@@ -197,7 +200,7 @@ class FragmentReader:
                     self._footers[(path, size, crc32)] = footer
                     while len(self._footers) > self._cache_size:
                         self._footers.popitem(last=False)
-                    if data is not None:  # for its decode, which need not open it again
+                    if data is not None and size <= OPENED_BYTES:  # for its decode
                         self._opened[(path, size)] = (data, opened)
                         while len(self._opened) > OPENED:
                             self._opened.popitem(last=False)

@@ -322,3 +322,25 @@ def test_a_fragment_whose_footer_is_longer_than_one_read_of_its_end_is_read_by_r
     (tmp_path / "f.parquet").write_bytes(body)
     reader = FragmentReader(LocalStore(str(tmp_path)), cache_size=0, schema=table.schema)
     assert reader.read("f.parquet", len(body), 0, 2, rows=2).equals(table)
+
+
+@pytest.mark.parametrize(("kept", "opens"), [(1 << 20, 1), (0, 2)])
+def test_a_small_fragment_read_whole_is_opened_once(tmp_path, monkeypatch, kept: int,
+                                                    opens: int) -> None:
+    """Its decode uses the reader its footer opened; a larger one's reader is not kept (it
+    holds the fragment's bytes), so its decode opens another."""
+    import lakestream.read.fragments as fragments
+
+    table = pa.table({"id": pa.array(range(4), pa.int64())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    body = sink.getvalue().to_pybytes()
+    (tmp_path / "f.parquet").write_bytes(body)
+    calls = []
+    real = fragments._reader
+    monkeypatch.setattr(fragments, "_reader", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(fragments, "OPENED_BYTES", kept)
+    reader = FragmentReader(LocalStore(str(tmp_path)), schema=table.schema)
+    got = reader.read("f.parquet", len(body), 0, 4, crc32=zlib.crc32(body), rows=4)
+    assert got.equals(table) and len(calls) == opens
+    assert not reader._opened  # nothing kept past its decode
