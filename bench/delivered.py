@@ -14,8 +14,9 @@ the tests' fault proxy holding each request those m ms where m is given, directl
 N producer processes each write a group of 4 samples (64 tokens each) every 1/rate seconds
 on a fixed schedule, each sample carrying the time its ``write()`` was called. One process
 iterates ``StreamDataset(uri, group=None)`` (global batch 16, the defaults) and notes when
-each batch arrives; latency is arrival minus write time, per sample. Also: commits per
-producer, and fragments per step. The stream is on tmpfs; repetitions run one after another.
+each batch arrives; latency is arrival minus write time, per sample, also by the second of
+the run a sample was written in. Also: commits per producer, and fragments per step. The
+stream is on tmpfs; repetitions run one after another.
 """
 
 from __future__ import annotations
@@ -67,13 +68,18 @@ def _reader(uri: str, options: dict[str, str] | None, expected: int, until: floa
                        max_steps=expected // B, storage_options=options)
     lat: list[float] = []
     by: dict[int, list[float]] = {}
+    written: list[float] = []
+    began, first = time.time(), None
     for batch in ds:
         now = time.time()
+        first = first or now
         for w, k in zip(batch["written"].tolist(), batch["producer"].tolist(), strict=True):
             lat.append(now - w)
+            written.append(w)
             by.setdefault(int(k), []).append(now - w)
     stream = ds.mix.streams[0]
-    out.put({"reader": True, "lat": lat, "by": by,
+    out.put({"reader": True, "lat": lat, "by": by, "written": written, "began": began,
+             "first": first,
              "fragments": sum(1 for _ in stream.state.all_fragments()),
              "versions": stream.version})
 
@@ -117,10 +123,17 @@ def run(producers: int, rate: float, duration: float, root: str, request_ms: flo
     reader = next(r for r in results if r.get("reader"))
     commits = sorted(r["commits"] for r in results if "k" in r)
     per = {k: 1e3 * _pct(v, 0.99) for k, v in reader["by"].items()}
+    seconds: dict[int, list[float]] = {}  # by the second of the run each was written in
+    for w, x in zip(reader["written"], reader["lat"], strict=True):
+        seconds.setdefault(int(w - start), []).append(x)
     return {"producers": producers, "rate": rate, "duration": duration,
             "samples": len(reader["lat"]), "p50_ms": 1e3 * _pct(reader["lat"], 0.5),
             "p99_ms": 1e3 * _pct(reader["lat"], 0.99), "p99_ms_by_producer": per,
             "p99_max_over_min": max(per.values()) / max(1e-9, min(per.values())),
+            "reader_began_s": reader["began"] - start,
+            "first_batch_s": (reader["first"] or start) - start,
+            "p50_p99_ms_by_second": [(round(1e3 * _pct(v, 0.5)), round(1e3 * _pct(v, 0.99)))
+                                     for _, v in sorted(seconds.items())],
             "commits": commits, "fragments": reader["fragments"],
             "versions": reader["versions"],
             "fragments_per_step": reader["fragments"] / max(1, len(reader["lat"]) // B)}

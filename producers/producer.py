@@ -39,6 +39,7 @@ from lakestream.writing import (
     read_progress,
     refuse_if_sealed,
     row_group_target,
+    warm_conversion,
 )
 
 log = logging.getLogger("lakestream")
@@ -122,6 +123,7 @@ class Producer:
         self._admitted = False
         self._pool = ThreadPoolExecutor(self.upload_threads,
                                         thread_name_prefix=f"lakestream-upload-{producer_id}")
+        self._pool.submit(warm_conversion)  # while nothing waits on it: not in the first write
         self._committer = Committer(self._stream, self.producer_id, self.epoch, o, self.stats,
                                     self._inflight, self.upload_threads, on_commit)
         self._committer.start()

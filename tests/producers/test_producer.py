@@ -539,3 +539,25 @@ def test_on_commit_is_told_each_commit_and_a_failure_in_it_fails_the_producer(tm
     with pytest.raises(RuntimeError, match="the callback refused seq 20"):
         p.flush()
     p.abort()
+
+
+def test_a_producer_does_pyarrows_first_conversion_of_python_objects_while_it_opens(
+        tmp_path) -> None:
+    """pyarrow imports pandas (installed here) on its first conversion of Python objects:
+    0.4 s that the first write of lists, with its samples, waited for (the first second of
+    ``bench/delivered.py`` ran 0.5-0.9 s late). Opening does it in an upload thread. In a
+    process of its own: another test may have converted lists already."""
+    code = f"""
+import sys
+import lakestream
+from lakestream.producers import Producer
+from tests.helpers import SCHEMA
+lakestream.create({str(tmp_path / "s")!r}, SCHEMA, global_batch_size=4)
+before = "pandas" in sys.modules
+Producer({str(tmp_path / "s")!r}, "p").close()  # close waits for the upload threads
+print(before, "pandas" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]
