@@ -43,6 +43,22 @@ def varint(mv: memoryview, pos: int) -> tuple[int, int]:
     raise Damage("a varint longer than 10 bytes")
 
 
+def field_head(mv: memoryview, pos: int, fid: int) -> tuple[int, int, int]:
+    """The field header at ``pos``, after field ``fid`` of its struct: the field's compact
+    type (``T_STOP``: the struct ends), its id, and where its value starts."""
+    head = mv[pos]
+    t = head & 0x0F
+    if t == T_STOP:
+        return t, fid, pos + 1
+    if head > 0x0F:
+        return t, fid + (head >> 4), pos + 1
+    n, pos = varint(mv, pos + 1)
+    fid = (n >> 1) ^ -(n & 1)
+    if not -0x8000 <= fid < 0x8000:
+        raise Damage(f"field id {fid} is not an i16")
+    return t, fid, pos
+
+
 def read_struct(mv: memoryview, pos: int, depth: int, keep: int) -> tuple[Fields, int]:
     """Reads the struct at ``pos``, nested at ``depth``: its fields 1-8 if ``keep`` > 0 (the
     structs among them kept to ``keep - 1`` levels), and where it ends. Every other field is
@@ -52,18 +68,9 @@ def read_struct(mv: memoryview, pos: int, depth: int, keep: int) -> tuple[Fields
     fields: Fields = {}
     fid = 0
     while True:
-        head = mv[pos]
-        pos += 1
-        t = head & 0x0F
+        t, fid, pos = field_head(mv, pos, fid)
         if t == T_STOP:
             return fields, pos
-        if head > 0x0F:
-            fid += head >> 4
-        else:
-            n, pos = varint(mv, pos)
-            fid = (n >> 1) ^ -(n & 1)
-            if not -0x8000 <= fid < 0x8000:
-                raise Damage(f"field id {fid} is not an i16")
         value: object = None
         if t == T_I32 or t == T_I64 or t == T_I16:
             n = mv[pos]
@@ -104,16 +111,9 @@ def walk_struct(mv: memoryview, pos: int, depth: int,
         raise Damage(f"nested deeper than {MAX_DEPTH}")
     fid = 0
     while True:
-        head = mv[pos]
-        pos += 1
-        t = head & 0x0F
+        t, fid, pos = field_head(mv, pos, fid)
         if t == T_STOP:
             return pos
-        if head > 0x0F:
-            fid += head >> 4
-        else:
-            n, pos = varint(mv, pos)
-            fid = (n >> 1) ^ -(n & 1)
         how = reads.get(fid)
         if how is not None and how[0] == t:
             pos = how[1](pos)
@@ -125,16 +125,9 @@ def walk_struct(mv: memoryview, pos: int, depth: int,
             pos = skip(mv, pos, t, depth)
 
 
-def list_length(mv: memoryview, pos: int) -> int:
-    """The number of elements of the list at ``pos``."""
-    head = mv[pos]
-    return varint(mv, pos + 1)[0] if head >> 4 == 15 else head >> 4
-
-
-def struct_list(mv: memoryview, pos: int, depth: int, element: Callable[[int], int]) -> int:
-    """Reads past the list of structs at ``pos`` (in a struct nested at ``depth``), calling
-    ``element(pos)`` at each element, which returns where it ends. Returns where the list
-    ends."""
+def list_head(mv: memoryview, pos: int, depth: int) -> tuple[int, int, int]:
+    """The header of the list at ``pos``, in a container nested at ``depth``: its number of
+    elements, their compact type, and where they start."""
     if depth >= MAX_DEPTH:
         raise Damage(f"nested deeper than {MAX_DEPTH}")
     head = mv[pos]
@@ -142,10 +135,22 @@ def struct_list(mv: memoryview, pos: int, depth: int, element: Callable[[int], i
     n, kind = head >> 4, head & 0x0F
     if n == 15:
         n, pos = varint(mv, pos)
+    if kind == T_STOP or kind > T_STRUCT:
+        raise Damage(f"unknown compact type {kind} in a list")
+    # Every element takes a byte at least: a list longer than the bytes left is found
+    # before any element is read, and reading the rest costs a byte's work a byte.
+    if n > len(mv) - pos:
+        raise Past
+    return n, kind, pos
+
+
+def struct_list(mv: memoryview, pos: int, depth: int, element: Callable[[int], int]) -> int:
+    """Reads past the list of structs at ``pos`` (in a struct nested at ``depth``), calling
+    ``element(pos)`` at each element, which returns where it ends. Returns where the list
+    ends."""
+    n, kind, pos = list_head(mv, pos, depth)
     if kind != T_STRUCT:
         raise Damage(f"a list of compact type {kind} where structs belong")
-    if n > len(mv) - pos:  # a byte an element at least
-        raise Past
     for _ in range(n):
         pos = element(pos)
     return pos
@@ -166,19 +171,7 @@ def skip(mv: memoryview, pos: int, t: int, depth: int) -> int:
     if t == T_STRUCT:
         return read_struct(mv, pos, depth + 1, 0)[1]
     if t == T_LIST or t == T_SET:
-        if depth >= MAX_DEPTH:
-            raise Damage(f"nested deeper than {MAX_DEPTH}")
-        head = mv[pos]
-        pos += 1
-        n, kind = head >> 4, head & 0x0F
-        if n == 15:
-            n, pos = varint(mv, pos)
-        if kind == T_STOP or kind > T_STRUCT:
-            raise Damage(f"unknown compact type {kind} in a list")
-        # Every element takes a byte at least: a list longer than the bytes left is found
-        # before any element is read, and reading the rest costs a byte's work a byte.
-        if n > len(mv) - pos:
-            raise Past
+        n, kind, pos = list_head(mv, pos, depth)
         if kind == T_BYTE or kind == T_TRUE or kind == T_FALSE:
             return pos + n
         if kind == T_DOUBLE:

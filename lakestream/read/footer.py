@@ -19,7 +19,7 @@ from lakestream.read.compact import (
     T_STRUCT,
     Damage,
     Past,
-    list_length,
+    list_head,
     skip,
     struct_list,
     varint,
@@ -146,11 +146,11 @@ def chunk_facts(mv: memoryview) -> list[list[ChunkFacts]]:
         return end
 
     def repetitions(pos: int) -> int:
-        facts().repetition_levels = list_length(mv, pos)
+        facts().repetition_levels = list_head(mv, pos, 4)[0]
         return skip(mv, pos, T_LIST, 4)
 
     def definitions(pos: int) -> int:
-        facts().definition_levels = list_length(mv, pos)
+        facts().definition_levels = list_head(mv, pos, 4)[0]
         return skip(mv, pos, T_LIST, 4)
 
     def byte_array_bytes(pos: int) -> int:
