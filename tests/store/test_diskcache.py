@@ -106,7 +106,7 @@ def test_damaged_bytes_from_the_store_raise_and_are_not_kept(tmp_path: Path) -> 
     body = os.urandom(5000)
     with pytest.raises(ValueError, match="damaged"):
         cache.fetch(STORE, "data/p/a.parquet", 5000, zlib_ng.crc32(body),
-                    lambda: body[:-1] + b"x", _checker(body))
+                    lambda: body[:-1] + bytes([body[-1] ^ 1]), _checker(body))
     assert _entries(tmp_path) == []
 
 
