@@ -31,6 +31,11 @@ FOOTER_READ = 64 << 10
 footer read): more only where the footer is longer."""
 
 
+MAX_FOOTER_BYTES = 64 << 20
+"""The longest footer read: as long as the longest index segment (an 800-column fragment's
+is 70 KB); a longer one is refused before it is read."""
+
+
 def read_tail(f: Any, size: int) -> tuple[int, bytes]:
     """Where the end of the file ``f`` of ``size`` bytes that holds its footer starts, and
     those bytes: the last ``FOOTER_READ``, or the footer whole where it is longer, so that
@@ -55,7 +60,8 @@ def footer_length(end: memoryview, size: int) -> int:
     """The length of the footer of a file of ``size`` bytes that ``end`` ends.
 
     Raises:
-        ValueError: it does not end as Parquet does, or its footer is longer than it.
+        ValueError: it does not end as Parquet does, or its footer is longer than it or
+            than ``MAX_FOOTER_BYTES``.
     """
     last = end[-8:].tobytes() if len(end) >= 8 else b""
     if last[4:] != b"PAR1":
@@ -63,6 +69,9 @@ def footer_length(end: memoryview, size: int) -> int:
     n = int.from_bytes(last[:4], "little")
     if n + 12 > size:
         raise ValueError(f"its footer of {n:,} bytes is longer than the file")
+    if n > MAX_FOOTER_BYTES:
+        raise ValueError(f"its footer of {n:,} bytes is longer than {MAX_FOOTER_BYTES:,}, "
+                         "the most a fragment's may be")
     return n
 
 

@@ -347,3 +347,21 @@ def test_a_small_fragment_read_whole_is_opened_once(tmp_path, monkeypatch, kept:
     got = reader.read("f.parquet", len(body), 0, 4, crc32=zlib.crc32(body), rows=4)
     assert got.equals(table) and len(calls) == opens
     assert not reader._opened  # nothing kept past its decode
+
+
+def test_a_footer_longer_than_any_fragments_is_refused_before_it_is_read(
+        tmp_path, monkeypatch) -> None:
+    """Its length, from the file's last bytes, is checked before the footer is read: a
+    crafted length within a large file is not read into memory."""
+    import lakestream.read.footer as footer
+
+    table = pa.table({"id": pa.array(range(4), pa.int64())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    body = sink.getvalue().to_pybytes()
+    (tmp_path / "f.parquet").write_bytes(body)
+    monkeypatch.setattr(footer, "MAX_FOOTER_BYTES", 64)
+    reader = FragmentReader(LocalStore(str(tmp_path)), cache_size=0, schema=table.schema)
+    for crc in (zlib.crc32(body), -1):
+        with pytest.raises(CorruptLogError, match="footer of .* bytes is longer than 64"):
+            reader.read("f.parquet", len(body), 0, 4, crc32=crc, rows=4)
