@@ -17,7 +17,7 @@ from lakestream.plan.mix import resume_position
 from lakestream.read.selected import COUNTS_KEY, Accept, ReadPolicy, SelectedSteps
 from lakestream.read.steps import MixSteps, Source, Steps, check_columns, mix_steps, stream_steps
 from lakestream.read.tensors import Direct, binary_chunks, copy_values, direct_columns
-from lakestream.schema.conform import warm_conversion
+from lakestream.schema.arrays import as_numpy
 from lakestream.schema.tensors import TensorSpec, tensor_spec
 from lakestream.store import is_remote, open_filesystem
 from lakestream.store.base import ObjectStore
@@ -26,8 +26,9 @@ from lakestream.store.pool import buffer_pool
 from lakestream.store.slots import cpu_slots
 
 __all__ = ["COUNTS_KEY", "Accept", "Direct", "DiskCache", "Marker", "MixSteps", "ObjectStore",
+           "as_numpy",
            "Progress", "ReadPolicy", "SelectedSteps", "Source", "Steps", "TensorSpec",
            "binary_chunks", "buffer_pool", "check_columns", "check_group", "check_int",
            "check_names", "copy_values", "cpu_slots", "direct_columns", "failpoint",
            "is_remote", "mix_steps", "open_filesystem", "publish_progress", "read_progress",
-           "resume_position", "stream_steps", "tensor_spec", "warm_conversion"]
+           "resume_position", "stream_steps", "tensor_spec"]

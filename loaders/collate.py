@@ -33,6 +33,7 @@ from lakestream.errors import CorruptLogError
 from lakestream.reading import (
     Direct,
     TensorSpec,
+    as_numpy,
     binary_chunks,
     buffer_pool,
     copy_values,
@@ -58,11 +59,11 @@ def _chunks(column: pa.ChunkedArray) -> list[tuple[np.ndarray, np.ndarray]]:
     for arr in arrays:
         if arr.null_count:
             arr = pc.fill_null(arr, pa.scalar([], arr.type))
-        offsets = np.asarray(arr.offsets, dtype=np.int64)
+        offsets = as_numpy(arr.offsets).astype(np.int64)
         values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         if values.null_count:
             values = pc.fill_null(values, pa.scalar(0).cast(values.type))
-        out.append((np.asarray(values), offsets - offsets[0]))
+        out.append((as_numpy(values), offsets - offsets[0]))
     return out
 
 
@@ -245,7 +246,7 @@ def collate_table(table: pa.Table, mode: str = "padded", *,
         elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
             if col.null_count:  # the rule of every step, not only those holding a null
                 col = col.fill_null(pa.scalar(False if pa.types.is_boolean(t) else 0, t))
-            out[field.name] = _copy(col.to_numpy(), shared)
+            out[field.name] = _copy(as_numpy(col), shared)
         else:
             out[field.name] = col.to_pylist()
     return out

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from lakestream.errors import StepNotAvailableError
 from lakestream.loaders.collate import ColumnArrays
-from lakestream.reading import MixSteps, Steps, cpu_slots, warm_conversion
+from lakestream.reading import MixSteps, Steps, cpu_slots
 from lakestream.stream import Stream
 
 LATENCY_WINDOW = 4096
@@ -122,7 +122,6 @@ class StepReader:
         pending: collections.deque[tuple[int, Future[tuple[Any, float]]]] = \
             collections.deque()
         with ThreadPoolExecutor(self.threads, thread_name_prefix="lakestream-read") as pool:
-            pool.submit(warm_conversion)  # while the first step is awaited, if it is
             while True:
                 # Keep up to `prefetch` visible steps in flight beyond the one needed next.
                 while len(pending) <= self.prefetch:

@@ -15,6 +15,7 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import CorruptLogError, NotFoundError, TooLargeError
 from lakestream.log.entries import FragmentRef
+from lakestream.schema.arrays import as_numpy
 from lakestream.store.base import ObjectStore
 
 INDEX_DIR = "_lakestream/index/"
@@ -109,7 +110,7 @@ class Columns:
     def from_table(cls, table: pa.Table) -> Columns:
         if table.schema.names != FRAGMENT_SCHEMA.names:
             raise ValueError(f"columns {table.schema.names}, expected {FRAGMENT_SCHEMA.names}")
-        ints = [table.column(n).to_numpy().astype(np.int64, copy=False) for n in _INTS]
+        ints = [as_numpy(table.column(n)).astype(np.int64, copy=False) for n in _INTS]
         return cls.of(ints, table.column("path").combine_chunks().cast(pa.string()))
 
     @classmethod

@@ -240,10 +240,10 @@ def _build(columns: Mapping[str, Any], schema: pa.Schema, where: str) -> pa.Tabl
 
 
 def warm_conversion() -> None:
-    """Converts a Python list once: pyarrow's first conversion of Python objects, or of an
-    array to NumPy, imports pandas where it is installed (0.2-0.4 s and 53 MB on 2 cores),
-    which a producer's first write and a reader's first step, whose samples wait for them,
-    would otherwise pay; producers and readers do it as they start, in a thread of theirs."""
+    """Converts a Python list once: pyarrow's first conversion of Python objects imports
+    pandas where it is installed (0.2-0.4 s and 53 MB on 2 cores), which a producer's first
+    write of lists, whose samples wait for it, would otherwise pay; a producer does it as it
+    opens, in an upload thread."""
     pa.array([[0]], pa.list_(pa.int64()))
 
 
