@@ -12,7 +12,8 @@ readers and producers then run as on any object store: ``is_remote``), reached t
 the tests' fault proxy holding each request those m ms where m is given, directly if not.
 
 N producer processes each write a group of 4 samples (64 tokens each) every 1/rate seconds
-on a fixed schedule, each sample carrying the time its ``write()`` was called. One process
+on a fixed schedule, from a start every process waits for once it is ready, each sample
+carrying the time its ``write()`` was called. One process
 iterates ``StreamDataset(uri, group=None)`` (global batch 16, the defaults) and notes when
 each batch arrives; latency is arrival minus write time, per sample, also by the second of
 the run a sample was written in. Also: commits per producer, and fragments per step. The
@@ -43,14 +44,34 @@ def _schema() -> Any:
                       ("written", pa.float64())])
 
 
-def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
-              duration: float, rate: float, out: Any) -> None:
+START_MARGIN_S = 1.0
+"""The run starts this long after the last process is ready (opened, its one-time work
+under way): the latency measured is a running system's, not the processes' start-up on
+busy cores (which, started on a fixed clock 4 s ahead, left a reader seconds behind in one
+repetition of three and on time in the next)."""
+
+
+def _start_at(gate: str, name: str, processes: int) -> float:
+    """Marks this process ready in the folder ``gate`` and waits for ``processes`` to be;
+    returns the time the run starts at, the same in each (from the last mark's time)."""
+    Path(gate, name).touch()
+    deadline = time.time() + 300
+    while len(marks := list(Path(gate).iterdir())) < processes:
+        if time.time() > deadline:
+            raise TimeoutError(f"{len(marks)} of {processes} processes ready")
+        time.sleep(0.01)
+    return max(m.stat().st_mtime for m in marks) + START_MARGIN_S
+
+
+def _producer(uri: str, options: dict[str, str] | None, k: int, gate: str,
+              processes: int, duration: float, rate: float, out: Any) -> None:
     import numpy as np
 
     from lakestream.producers import Producer
 
     tokens = [list(range(TOKENS))] * G
     with Producer(uri, f"p{k}", storage_options=options) as p:
+        start_at = _start_at(gate, f"p{k}", processes)
         time.sleep(max(0.0, start_at - time.time()))
         for n in range(int(duration * rate)):
             time.sleep(max(0.0, start_at + n / rate - time.time()))
@@ -60,12 +81,13 @@ def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
         out.put({"k": k, "commits": p.stats.commits, "conflicts": p.stats.conflicts})
 
 
-def _reader(uri: str, options: dict[str, str] | None, expected: int, until: float,
-            out: Any) -> None:
+def _reader(uri: str, options: dict[str, str] | None, expected: int, gate: str,
+            processes: int, timeout: float, out: Any) -> None:
     from lakestream.loaders import StreamDataset
 
-    ds = StreamDataset(uri, group=None, timeout=max(1.0, until - time.time()),
-                       max_steps=expected // B, storage_options=options)
+    ds = StreamDataset(uri, group=None, timeout=timeout, max_steps=expected // B,
+                       storage_options=options)
+    start = _start_at(gate, "reader", processes)
     lat: list[float] = []
     by: dict[int, list[float]] = {}
     written: list[float] = []
@@ -79,6 +101,7 @@ def _reader(uri: str, options: dict[str, str] | None, expected: int, until: floa
             by.setdefault(int(k), []).append(now - w)
     stream = ds.mix.streams[0]
     out.put({"reader": True, "lat": lat, "by": by, "written": written, "began": began,
+             "start": start,
              "first": first,
              "fragments": sum(1 for _ in stream.state.all_fragments()),
              "versions": stream.version})
@@ -113,14 +136,15 @@ def run(producers: int, rate: float, duration: float, root: str, request_ms: flo
         request_ms = 0.0  # the proxy holds the requests, if any
     lakestream.create(uri, _schema(), global_batch_size=B, group_size=G,
                       storage_options=options)
-    start = time.time() + 4.0  # the processes start and open the stream first
+    gate = tempfile.mkdtemp(dir=root)  # where each process marks itself ready
     expected = producers * int(duration * rate) * G
-    args: list[tuple[Any, ...]] = [(uri, options, k, start, duration, rate)
+    args: list[tuple[Any, ...]] = [(uri, options, k, gate, producers + 1, duration, rate)
                                    for k in range(producers)]
     results = run_workers(_dispatch, [("p", request_ms, *a) for a in args]
-                          + [("r", request_ms, uri, options, expected, start + duration + 60)],
-                          timeout=600)
+                          + [("r", request_ms, uri, options, expected, gate, producers + 1,
+                              duration + 360)], timeout=900)
     reader = next(r for r in results if r.get("reader"))
+    start = reader["start"]
     commits = sorted(r["commits"] for r in results if "k" in r)
     per = {k: 1e3 * _pct(v, 0.99) for k, v in reader["by"].items()}
     seconds: dict[int, list[float]] = {}  # by the second of the run each was written in
