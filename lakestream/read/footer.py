@@ -97,9 +97,10 @@ def check_footer(md: pq.FileMetaData, thrift: memoryview) -> None:
         if group.num_columns != columns:
             raise ValueError(f"row group {i} holds {group.num_columns} columns, the schema "
                              f"{columns}")
+    schema = [md.schema.column(j) for j in range(columns)]
     for i, chunks in enumerate(chunk_facts(thrift)):
         for j, chunk in enumerate(chunks):
-            fault = chunk.fault(md.schema.column(j))
+            fault = chunk.fault(schema[j])
             if fault:
                 raise ValueError(f"the chunk of column {j} in row group {i} {fault}")
 
@@ -154,19 +155,18 @@ def chunk_facts(mv: memoryview) -> list[list[ChunkFacts]]:
         facts().codec = (n >> 1) ^ -(n & 1)
         return end
 
-    def repetitions(pos: int) -> int:
-        facts().repetition_levels = list_head(mv, pos, 4)[0]
-        return skip(mv, pos, T_LIST, 4)
-
-    def definitions(pos: int) -> int:
-        facts().definition_levels = list_head(mv, pos, 4)[0]
-        return skip(mv, pos, T_LIST, 4)
+    def histogram(levels: str) -> tuple[int, Callable[[int], int]]:
+        def read(pos: int) -> int:  # a list of i64: its length noted
+            setattr(facts(), levels, list_head(mv, pos, 4)[0])
+            return skip(mv, pos, T_LIST, 4)
+        return T_LIST, read
 
     def byte_array_bytes(pos: int) -> int:
         facts().byte_array_bytes = True
         return skip(mv, pos, T_I64, 4)
 
-    sizes = {1: (T_I64, byte_array_bytes), 2: (T_LIST, repetitions), 3: (T_LIST, definitions)}
+    sizes = {1: (T_I64, byte_array_bytes), 2: histogram("repetition_levels"),
+             3: histogram("definition_levels")}
 
     def meta(pos: int) -> int:
         facts().meta = True

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from lakestream.errors import CorruptLogError
 from lakestream.read.fastpages import FastPage, fast_pages
 from lakestream.read.pages import Encoding, PageType, column_chunk_pages
+from lakestream.schema.arrays import as_numpy
 from lakestream.schema.tensors import tensor_spec
 
 _NUMBERS = {pa.int32(): ("INT32", "<i4"), pa.int64(): ("INT64", "<i8"),
@@ -247,8 +248,8 @@ def copy_values(column: Any, direct: Direct, out: np.ndarray, name: str) -> None
             around the producer's checks), naming the row.
     """
     if not direct.prefixed:
-        numbers = column.fill_null(0).to_numpy() if column.null_count else column.to_numpy()
-        out.reshape(-1).view(direct.dtype)[:] = numbers
+        out.reshape(-1).view(direct.dtype)[:] = as_numpy(
+            column.fill_null(0) if column.null_count else column)
         return
     nbytes, row = direct.nbytes, 0
     for data, offsets, valid in binary_chunks(column):
