@@ -16,7 +16,8 @@ on a fixed schedule, from a start every process waits for once it is ready, each
 carrying the time its ``write()`` was called. One process
 iterates ``StreamDataset(uri, group=None)`` (global batch 16, the defaults) and notes when
 each batch arrives; latency is arrival minus write time, per sample, also by the second of
-the run a sample was written in. Also: commits per producer, and fragments per step. The
+the run a sample was written in. Also: commits per producer, fragments per step, and the
+CPU seconds of the reader and of each producer from the start on. The
 stream is on tmpfs; repetitions run one after another.
 """
 
@@ -72,13 +73,15 @@ def _producer(uri: str, options: dict[str, str] | None, k: int, gate: str,
     tokens = [list(range(TOKENS))] * G
     with Producer(uri, f"p{k}", storage_options=options) as p:
         start_at = _start_at(gate, f"p{k}", processes)
+        cpu = time.process_time()
         time.sleep(max(0.0, start_at - time.time()))
         for n in range(int(duration * rate)):
             time.sleep(max(0.0, start_at + n / rate - time.time()))
             p.write({"tokens": tokens, "producer": np.full(G, k, np.int32),
                      "written": np.full(G, time.time())})
         p.flush()
-        out.put({"k": k, "commits": p.stats.commits, "conflicts": p.stats.conflicts})
+        out.put({"k": k, "commits": p.stats.commits, "conflicts": p.stats.conflicts,
+                 "cpu_s": time.process_time() - cpu})
 
 
 def _reader(uri: str, options: dict[str, str] | None, expected: int, gate: str,
@@ -88,6 +91,7 @@ def _reader(uri: str, options: dict[str, str] | None, expected: int, gate: str,
     ds = StreamDataset(uri, group=None, timeout=timeout, max_steps=expected // B,
                        storage_options=options)
     start = _start_at(gate, "reader", processes)
+    cpu = time.process_time()
     lat: list[float] = []
     by: dict[int, list[float]] = {}
     written: list[float] = []
@@ -100,7 +104,8 @@ def _reader(uri: str, options: dict[str, str] | None, expected: int, gate: str,
             written.append(w)
             by.setdefault(int(k), []).append(now - w)
     stream = ds.mix.streams[0]
-    out.put({"reader": True, "lat": lat, "by": by, "written": written, "began": began,
+    out.put({"reader": True, "cpu_s": time.process_time() - cpu, "lat": lat, "by": by,
+             "written": written, "began": began,
              "start": start,
              "first": first,
              "fragments": sum(1 for _ in stream.state.all_fragments()),
@@ -159,6 +164,8 @@ def run(producers: int, rate: float, duration: float, root: str, request_ms: flo
             "p50_p99_ms_by_second": [(round(1e3 * _pct(v, 0.5)), round(1e3 * _pct(v, 0.99)))
                                      for _, v in sorted(seconds.items())],
             "commits": commits, "fragments": reader["fragments"],
+            "reader_cpu_s": reader["cpu_s"],
+            "producers_cpu_s": sorted(round(r["cpu_s"], 2) for r in results if "k" in r),
             "versions": reader["versions"],
             "fragments_per_step": reader["fragments"] / max(1, len(reader["lat"]) // B)}
 

@@ -54,18 +54,17 @@ def read_slots(workers: int = 0) -> int:
 
 
 WAITING_READ_THREADS = 4
-"""Read threads a reader has beyond its CPU slots when its reads wait on a network or a
-disk (a remote store, a disk cache): each holds one fetch in flight out of the slots
-(``lakestream.store.slots``), so that the cores are not idle while an answer comes. On 2
-cores, a stream on SeaweedFS at 1 thread read 0.46 GB/s, at 4 0.58 (``bench/s3cache.py``)."""
+"""Read threads a reader has beyond its CPU slots, run while its reads wait on the store (a
+remote store, a disk cache, a slow mount: ``StepReader``): each holds one fetch in flight
+out of the slots (``lakestream.store.slots``), so that the cores are not idle while an
+answer comes. On 2 cores, a stream on SeaweedFS at 1 thread read 0.46 GB/s, at 4 0.58
+(``bench/s3cache.py``)."""
 
 
-def default_read_threads(workers: int = 0, waiting: bool = False) -> int:
-    """Read threads for one reader: its CPU slots (``read_slots``), at most
-    ``MAX_READ_THREADS``; with ``waiting`` (its reads wait on a network or a disk),
-    ``WAITING_READ_THREADS`` more."""
-    threads = min(MAX_READ_THREADS, read_slots(workers))
-    return threads + WAITING_READ_THREADS if waiting else threads
+def default_read_threads(workers: int = 0) -> int:
+    """Read threads for one reader while its reads do not wait on the store: its CPU slots
+    (``read_slots``), at most ``MAX_READ_THREADS``."""
+    return min(MAX_READ_THREADS, read_slots(workers))
 
 
 def default_prefetch(threads: int) -> int:

@@ -39,10 +39,12 @@ class ReadOptions:
         read_threads: threads reading, collating and transforming steps; None: this rank's
             share of the host's cores less one (``loaders/host.py``: ``LOCAL_WORLD_SIZE``
             ranks share the cores, a DataLoader's workers share the rank's), at least 1,
-            and 4 more where reads wait on S3 or a ``disk_cache``.
+            and 4 more while reads wait on the store (measured: S3, a ``disk_cache``, a
+            slow mount; a count given here is the count read with).
             However many there are, per-byte work runs in at most that many at once
             (``lakestream.store.slots``): threads past it only wait for a remote store.
-        prefetch: steps read ahead, in those threads; None: one per thread and two more.
+        prefetch: steps read ahead, in those threads, and one more per waiting thread
+            while they run; None: one per thread and two more.
         pin_memory: deliver batches in pinned memory, pinned in the read threads (needs
             CUDA). device: e.g. "cuda": deliver batches there, copied in the read threads on
             their own CUDA streams ahead of use (the batch is ready for the consumer's

@@ -11,7 +11,12 @@ from typing import Any
 
 from lakestream.loaders.collate import ColumnArrays, collate_table
 from lakestream.loaders.device import Delivery
-from lakestream.loaders.host import default_prefetch, default_read_threads, read_slots
+from lakestream.loaders.host import (
+    WAITING_READ_THREADS,
+    default_prefetch,
+    default_read_threads,
+    read_slots,
+)
 from lakestream.loaders.options import ReadOptions
 from lakestream.loaders.reader import StepReader, Stop
 from lakestream.reading import (
@@ -33,14 +38,18 @@ def open_reader(steps: Steps, streams: Sequence[Stream], options: ReadOptions, r
     None in the trainer process (where batches are pinned or moved to a device, and each
     worker's share of the cores is the rank's)."""
     in_process = workers is None
+    # Until reads are measured: a remote store, or a disk cache, waits.
     waiting = options.disk_cache is not None or any(is_remote(s.uri) for s in streams)
-    threads = options.read_threads or default_read_threads(workers or 0, waiting)
+    threads = options.read_threads or default_read_threads(workers or 0)
     cpu_slots().resize(read_slots(workers or 0))
     delivery = Delivery(options.pin_memory and in_process,
                         options.device if in_process else None)
     prefetch = default_prefetch(threads) if options.prefetch is None else options.prefetch
     reader = StepReader(steps, rank, world_size, columns=options.columns, prefetch=prefetch,
-                        threads=threads, timeout=options.timeout, stop=stop,
+                        threads=threads, waiting=waiting,
+                        # a count the options fix is the count read with
+                        waiting_threads=0 if options.read_threads else WAITING_READ_THREADS,
+                        timeout=options.timeout, stop=stop,
                         finish=_finisher(steps, options, not in_process, delivery),
                         arrays=_arrays(streams[0], options, not in_process, delivery))
     return reader, delivery

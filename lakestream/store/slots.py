@@ -15,13 +15,15 @@ import collections
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 
 class CpuSlots:
     """``size`` slots, handed out first come, first served. ``held()`` runs a block in a slot
     (in one already if the thread holds one); ``waiting()`` runs a block out of the thread's
-    slot, if it holds one, and takes a slot again after it. Thread-safe."""
+    slot, if it holds one, and takes a slot again after it, and adds the block's time to
+    the thread's ``waited_s()``. Thread-safe."""
 
     def __init__(self, size: int = 1) -> None:
         self._lock = threading.Lock()
@@ -68,6 +70,12 @@ class CpuSlots:
             self._busy -= 1
             self._admit()
 
+    def waited_s(self) -> float:
+        """The seconds this thread has spent in ``waiting()`` blocks (not counting the wait
+        for a slot after them: that is the CPU's queue, not the store's): what a reader
+        measures a read's waiting on its store by."""
+        return getattr(self._mine, "waited", 0.0)
+
     def holds(self) -> bool:
         """Whether this thread is in a slot."""
         return getattr(self._mine, "held", False)
@@ -87,16 +95,18 @@ class CpuSlots:
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
-        if not self.holds():
-            yield
-            return
-        self._mine.held = False
-        self._give()
+        held = self.holds()
+        if held:
+            self._mine.held = False
+            self._give()
+        began = time.perf_counter()
         try:
             yield
         finally:
-            self._take()
-            self._mine.held = True
+            self._mine.waited = self.waited_s() + time.perf_counter() - began
+            if held:
+                self._take()
+                self._mine.held = True
 
     def _after_fork(self) -> None:
         # The threads that held slots in the parent are not in the child.

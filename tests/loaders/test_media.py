@@ -154,7 +154,6 @@ def test_read_threads_follow_the_cores_and_the_ranks_sharing_them(monkeypatch) -
     monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert default_read_threads() == 1  # the other core runs the training loop
-    assert default_read_threads(waiting=True) == 5  # 4 more fetches in flight, out of the slot
     assert default_prefetch(15) == 17
 
 
@@ -191,6 +190,54 @@ def test_read_threads_past_the_cores_wait_rather_than_compete(tmp_path: Path,
     assert all(np.array_equal(b["image"].numpy(), images[b["step"] * 8:b["step"] * 8 + 8])
                for b in got)
     assert most[0] == 2, most[0]  # the slots were used together, never more of them
+
+
+def test_reads_that_wait_on_a_local_store_run_in_the_waiting_threads(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """A local stream whose fragment reads each take 30 ms more (a slow mount, a proxy) on
+    a 2-core host: the reader measures its step reads waiting and reads several steps at
+    once, and they still come in order. Before, one read thread read the steps (one
+    fragment each) one after another, each paying the whole wait."""
+    from lakestream.log.keys import DATA_DIR
+    from lakestream.store import Request, add_request_hook
+
+    monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    uri, images = _image_stream(tmp_path, n=96)
+    now, most, lock = [0], [0], threading.Lock()
+
+    def slow(request: Request) -> None:
+        if request.key.startswith(DATA_DIR):
+            with lock:
+                now[0] += 1
+                most[0] = max(most[0], now[0])
+            time.sleep(0.03)
+            with lock:
+                now[0] -= 1
+
+    remove = add_request_hook(slow)
+    try:
+        ds = StreamDataset(uri, group=None, max_steps=12)
+        got = list(ds)
+    finally:
+        remove()
+    assert [b["step"] for b in got] == list(range(12))
+    assert all(np.array_equal(b["image"].numpy(), images[b["step"] * 8:b["step"] * 8 + 8])
+               for b in got)
+    reader = ds.last_reader
+    assert most[0] > 1, most[0]
+    assert reader is not None and reader.threads == 1 and reader.waits
+
+
+def test_reads_that_do_not_wait_leave_the_waiting_threads_idle(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """The same stream without the delay: its reads are measured not waiting."""
+    monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    uri, _ = _image_stream(tmp_path, n=96)
+    ds = StreamDataset(uri, group=None, max_steps=12)
+    assert [b["step"] for b in ds] == list(range(12))
+    assert ds.last_reader is not None and not ds.last_reader.waits
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU-only host")

@@ -206,3 +206,25 @@ def test_s3_requests_are_made_out_of_the_slot(s3_options: dict[str, str],
             assert store.head("k").size == 10
         assert cpu_slots().holds()
     assert seen and not any(seen)
+
+
+def test_a_thread_s_time_waiting_is_counted_out_of_its_slot_and_only_its_own() -> None:
+    slots = CpuSlots(2)
+    seen: list[float] = []
+
+    def other() -> None:
+        with slots.held(), slots.waiting():
+            time.sleep(0.05)
+        seen.append(slots.waited_s())
+
+    with slots.held():
+        before = slots.waited_s()
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        with slots.waiting():
+            time.sleep(0.02)
+        time.sleep(0.02)  # in the slot: not waiting
+        mine = slots.waited_s() - before
+    assert 0.02 <= mine < 0.035, mine
+    assert seen[0] >= 0.05
