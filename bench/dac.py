@@ -5,8 +5,8 @@ commit shared by a host's producers would give against a commit per producer, be
 built.
 
 Usage: .venv/bin/python -m bench.dac [--hosts 2 8 32] [--per-host 8] [--latency 0.045]
-       [--write-every 0.1] [--windows 4000]
-Writes bench/results/dac.json.
+       [--write-every 0.1] [--windows 4000] [--out dac.json]
+Writes bench/results/dac.json (or ``--out``, a file name there).
 
 A host's producers committing as one are modelled as one committer writing their fragments
 together (a fragment every ``write_every / per_host``) with their in-flight budgets summed;
@@ -191,16 +191,18 @@ def main() -> None:
     ap.add_argument("--write-every", type=float, default=0.1,
                     help="seconds between one producer's writes")
     ap.add_argument("--windows", type=int, default=4000, help="the run, in request latencies")
+    ap.add_argument("--out", default="dac.json", help="a file name in bench/results")
     args = ap.parse_args()
     rows = [compare(h, args.per_host, args.latency, args.write_every, args.windows)
             for h in args.hosts]
     for r in rows:
         a, b = r["per producer"], r["per host"]
-        print(f"{r['hosts']:3} hosts x {r['per_host']}: p99 per producer {a['p99_s']:.2f} s "
+        print(f"{r['hosts']:3} hosts x {r['per_host']}: p50 / p99 per producer "
+              f"{a['p50_s']:.3f} / {a['p99_s']:.3f} s "
               f"({a['commits_per_s']:.1f} commits/s, {a['conflict_ratio']:.0%} lost), per host "
-              f"{b['p99_s']:.2f} s ({b['commits_per_s']:.1f} commits/s, "
+              f"{b['p50_s']:.3f} / {b['p99_s']:.3f} s ({b['commits_per_s']:.1f} commits/s, "
               f"{b['conflict_ratio']:.0%} lost)", flush=True)
-    save("dac.json", {"command": command("dac"), "args": vars(args), "rows": rows})
+    save(args.out, {"command": command("dac"), "args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":
