@@ -48,13 +48,14 @@ class StepReader:
     ``threads`` read at once; ``waiting_threads`` more join them, and as many more steps
     are read ahead, while step reads wait on the store: while the median, over the last
     ``WAIT_WINDOW`` reads, of the time a read spent out of its CPU slot waiting for an
-    answer (``CpuSlots.waited_s``: a remote store's, a disk's, a fetch under way in another
-    thread) is over ``WAIT_S``; before any read, where ``waiting`` says so. Measured, not
+    answer (``CpuSlots.waited_s``: a remote store's, a disk's; not another thread's load,
+    which may be a decode) is over ``WAIT_S``; before any read, where ``waiting`` says
+    so. Measured, not
     assumed from the store's kind: a local store behind a slow mount, a proxy or a hook
     waits as S3 does, and steps read one after another each paid the whole wait (on 2
     cores, 3 producers at 5 ms a request: delivered p99 615 ms with 1 thread, 288 ms with
-    the waiting ones, ``bench/delivered.py``). A reader whose reads do not wait reads as
-    if it had no waiting threads.
+    the waiting ones, ``bench/delivered.py``). A reader whose reads are measured not
+    waiting reads as if it had no waiting threads.
 
     ``finish(step, table, tensors)``, if given, runs in the same thread right after a step's
     slice is decoded (collation, a transform, pinning), and ``read`` yields what it returns.
@@ -92,7 +93,8 @@ class StepReader:
 
     @property
     def waits(self) -> bool:
-        """Whether step reads wait on the store (the waiting threads run)."""
+        """Whether step reads are measured waiting on the store (before any read: the
+        ``waiting`` given); the waiting threads, if any, run while they are."""
         return self._waits_now
 
     def _read(self, step: int) -> tuple[Any, float]:
@@ -157,9 +159,10 @@ class StepReader:
             collections.deque()
         mine: list[Future[tuple[Any, float]]] = []  # given to `pool`, not known to be done
         # The waiting threads' pool makes its threads only once a step is given to it.
-        with ThreadPoolExecutor(self.threads, thread_name_prefix="lakestream-read") as pool, \
-                ThreadPoolExecutor(max(1, self.waiting_threads),
-                                   thread_name_prefix="lakestream-read-waiting") as spare:
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="lakestream-read")
+        spare = ThreadPoolExecutor(max(1, self.waiting_threads),
+                                   thread_name_prefix="lakestream-read-waiting")
+        try:
             while True:
                 # Keep up to `prefetch` visible steps in flight beyond the one needed next,
                 # and a step more per waiting thread while reads wait on the store (on the
@@ -191,3 +194,8 @@ class StepReader:
                 table, latency = future.result()
                 self.read_latencies_s.append(latency)
                 yield step, table
+        finally:
+            # Steps not begun are dropped (a consumer that stopped wants none of them, and a
+            # read that failed ends the iteration); the reads under way end first.
+            pool.shutdown(cancel_futures=True)
+            spare.shutdown(cancel_futures=True)

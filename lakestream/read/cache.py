@@ -90,7 +90,9 @@ class FragmentCache:
             else:
                 mine = False
         if not mine:
-            with cpu_slots().waiting():  # the loader may need a slot to finish
+            # The loader may need a slot to finish; it may be decoding, so the wait is not
+            # counted as the store's (its own fetch, if it fetches, counts in its thread).
+            with cpu_slots().waiting(counted=False):
                 return pending.result()
         return self._load(key, load, until, pending)
 

@@ -71,9 +71,9 @@ class CpuSlots:
             self._admit()
 
     def waited_s(self) -> float:
-        """The seconds this thread has spent in ``waiting()`` blocks (not counting the wait
-        for a slot after them: that is the CPU's queue, not the store's): what a reader
-        measures a read's waiting on its store by."""
+        """The seconds this thread has spent in counted ``waiting()`` blocks (not counting
+        the wait for a slot after them: that is the CPU's queue, not the store's): what a
+        reader measures a read's waiting on its store by."""
         return getattr(self._mine, "waited", 0.0)
 
     def holds(self) -> bool:
@@ -94,16 +94,24 @@ class CpuSlots:
             self._give()
 
     @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
+    def waiting(self, *, counted: bool = True) -> Iterator[None]:
+        """Runs the block out of the thread's slot, if it holds one. Its time is added to
+        ``waited_s()`` unless ``counted`` is false (a wait for another thread's work, which
+        may be CPU, not the store's answer), or it is inside another ``waiting()`` block
+        (which counts it once)."""
         held = self.holds()
         if held:
             self._mine.held = False
             self._give()
+        depth = getattr(self._mine, "depth", 0)
+        self._mine.depth = depth + 1
         began = time.perf_counter()
         try:
             yield
         finally:
-            self._mine.waited = self.waited_s() + time.perf_counter() - began
+            self._mine.depth = depth
+            if counted and depth == 0:
+                self._mine.waited = self.waited_s() + time.perf_counter() - began
             if held:
                 self._take()
                 self._mine.held = True

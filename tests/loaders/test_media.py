@@ -205,12 +205,14 @@ def test_reads_that_wait_on_a_local_store_run_in_the_waiting_threads(tmp_path: P
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     uri, images = _image_stream(tmp_path, n=96)
     now, most, lock = [0], [0], threading.Lock()
+    names: set[str] = set()
 
     def slow(request: Request) -> None:
         if request.key.startswith(DATA_DIR):
             with lock:
                 now[0] += 1
                 most[0] = max(most[0], now[0])
+                names.add(threading.current_thread().name)
             time.sleep(0.03)
             with lock:
                 now[0] -= 1
@@ -227,6 +229,30 @@ def test_reads_that_wait_on_a_local_store_run_in_the_waiting_threads(tmp_path: P
     reader = ds.last_reader
     assert most[0] > 1, most[0]
     assert reader is not None and reader.threads == 1 and reader.waits
+    assert any(n.startswith("lakestream-read-waiting") for n in names), names
+
+
+def test_a_consumer_that_stops_leaves_the_steps_not_begun_unread(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """Closing the iteration drops the steps queued for the read threads; only the read
+    under way ends. Before, every step read ahead was read, collated and transformed
+    first (here 5 more steps of 0.1 s each)."""
+    monkeypatch.setattr("lakestream.loaders.host.usable_cores", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    uri, _ = _image_stream(tmp_path, n=96)
+    done: list[int] = []
+
+    def slow(batch: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(0.1)
+        done.append(int(batch["step"]))
+        return batch
+
+    ds = StreamDataset(uri, group=None, max_steps=12, transform=slow, prefetch=4)
+    it = iter(ds)
+    assert next(it)["step"] == 0
+    it.close()
+    assert ds.last_reader is not None and ds.last_reader.threads == 1
+    assert len(done) <= 3, done  # the first, the one under way, at most one more
 
 
 def test_reads_that_do_not_wait_leave_the_waiting_threads_idle(tmp_path: Path,
