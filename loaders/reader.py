@@ -53,8 +53,8 @@ class StepReader:
     so. Measured, not
     assumed from the store's kind: a local store behind a slow mount, a proxy or a hook
     waits as S3 does, and steps read one after another each paid the whole wait (on 2
-    cores, 3 producers at 5 ms a request: delivered p99 615 ms with 1 thread, 288 ms with
-    the waiting ones, ``bench/delivered.py``). A reader whose reads are measured not
+    busy cores, 3 producers at 5 ms a request: delivered p99 615 ms with 1 thread, 288 ms
+    with the waiting ones, ``bench/delivered.py``). A reader whose reads are measured not
     waiting reads as if it had no waiting threads.
 
     ``finish(step, table, tensors)``, if given, runs in the same thread right after a step's
