@@ -1,8 +1,8 @@
 """A simulation of DAC (``lakestream.producers.policy``, ``Committer``): producers sharing one
 log in simulated time, each a real ``IntervalController`` pacing commits against a store whose
 requests take a given latency. The policy tests assert its behaviour; ``main`` sizes what a
-commit shared by a host's producers would give against a commit per producer, before it is
-built.
+commit shared by a host's producers would give against a commit per producer, and against a
+commit per producer taken in turns under a lock per host, before either is built.
 
 Usage: .venv/bin/python -m bench.dac [--hosts 2 8 32] [--per-host 8] [--latency 0.045]
        [--write-every 0.1] [--windows 4000] [--out dac.json]
@@ -56,7 +56,7 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
               inflight: int = ProducerOptions().max_inflight_fragments,
               max_s: float = ProducerOptions().max_interval_s,
               gap_windows: float = GAP_WINDOWS, seed: int = 1,
-              others_stop_at: float | None = None) -> Run:
+              others_stop_at: float | None = None, host_lock: int = 0) -> Run:
     """``producers`` committers sharing one log for ``windows`` commit latencies, in
     simulated time. Each models ``Committer.run`` and ``Committer._take``: a real
     ``IntervalController`` fed each commit's window and the distinct producers whose entries
@@ -68,11 +68,18 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
     the default ``CommitOptions`` say, reads the tail and puts again. Each writer makes a
     fragment every ``write_every`` seconds and blocks while ``inflight`` are uncommitted.
     A request takes ``latency`` (±50%, half each way) and takes effect at the store
-    half-way. With ``others_stop_at``, every producer but the first stops then."""
+    half-way. With ``others_stop_at``, every producer but the first stops then.
+
+    With ``host_lock`` = n, producers k and k' with k // n == k' // n share a host whose
+    lock a commit holds from its catch-up read to its landing (lost races included): the
+    host's producers never race each other, and, counting only rivals of other hosts, do not
+    pace themselves against each other; each still commits its own fragments."""
     rng = random.Random(seed)
     retry = ProducerOptions().commit
     run = Run(fragments=[0] * producers)
     head = 0  # the log's latest version
+    held: dict[int, int | None] = {}  # host -> the producer holding its lock
+    queued: dict[int, deque[int]] = {}  # host -> producers waiting for it, in order
 
     def leg() -> float:  # one way of a request
         return latency / 2 * rng.uniform(0.5, 1.5)
@@ -106,10 +113,18 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
             first = now + max(0.0, short + 1) * write_every
             half = now + max(0.0, short + max(1, inflight // 2)) * write_every
             now = yield max(first, min(now + max(wait_s, gap_s), max(now + gap_s, half)))
+            if host_lock:  # the host's lock, first come first served
+                host = k // host_lock
+                waiting = queued.setdefault(host, deque())
+                waiting.append(k)
+                while held.get(host) is not None or waiting[0] != k:
+                    now = yield now + latency / 20
+                waiting.popleft()
+                held[host] = k
             produced, last = advance(now), now
             batch = int(produced + 1e-9) - committed
             before, conflicts = seen, 0
-            if wait_s > 0 or contended or landed is None:  # catch up
+            if wait_s > 0 or contended or landed is None or host_lock:  # catch up
                 now = yield now + leg()
                 seen = head
                 now = yield now + leg()
@@ -137,6 +152,10 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
             # The producers whose entries it folded in: those between its previous commit
             # and this one (``Transaction`` counts them as it catches up and loses races).
             rivals = len(set(run.versions[before:seen - 1]) - {k})
+            if host_lock:
+                held[k // host_lock] = None
+                rivals = len({r for r in run.versions[before:seen - 1]
+                              if r // host_lock != k // host_lock})
             landed = now
             wait_s = controller.observe(window, rivals)
             gap_s = gap_windows * window
@@ -166,15 +185,18 @@ def percentile(xs: list[float], q: float) -> float:
 def compare(hosts: int, per_host: int, latency: float, write_every: float, windows: int,
             seed: int = 1) -> dict[str, Any]:
     """Latency from write to commit, the second half of a run, with a committer per
-    producer (``hosts * per_host`` of them) and one per host."""
+    producer (``hosts * per_host`` of them), the same taking turns under a lock per host,
+    and one committer per host."""
     inflight = ProducerOptions().max_inflight_fragments
     out: dict[str, Any] = {"hosts": hosts, "per_host": per_host, "latency_s": latency,
                            "write_every_s": write_every}
-    for name, committers, every, budget in (
-            ("per producer", hosts * per_host, write_every, inflight),
-            ("per host", hosts, write_every / per_host, inflight * per_host)):
+    for name, committers, every, budget, lock in (
+            ("per producer", hosts * per_host, write_every, inflight, 0),
+            ("per producer, a lock per host", hosts * per_host, write_every, inflight,
+             per_host),
+            ("per host", hosts, write_every / per_host, inflight * per_host, 0)):
         run = simulate(committers, latency, write_every=every, windows=windows,
-                       inflight=budget, seed=seed)
+                       inflight=budget, seed=seed, host_lock=lock)
         late = run.latencies[len(run.latencies) // 2:]
         out[name] = {"p50_s": percentile(late, 0.5), "p99_s": percentile(late, 0.99),
                      "commits_per_s": len(run.landings) / (windows * latency),
@@ -196,12 +218,10 @@ def main() -> None:
     rows = [compare(h, args.per_host, args.latency, args.write_every, args.windows)
             for h in args.hosts]
     for r in rows:
-        a, b = r["per producer"], r["per host"]
-        print(f"{r['hosts']:3} hosts x {r['per_host']}: p50 / p99 per producer "
-              f"{a['p50_s']:.3f} / {a['p99_s']:.3f} s "
-              f"({a['commits_per_s']:.1f} commits/s, {a['conflict_ratio']:.0%} lost), per host "
-              f"{b['p50_s']:.3f} / {b['p99_s']:.3f} s ({b['commits_per_s']:.1f} commits/s, "
-              f"{b['conflict_ratio']:.0%} lost)", flush=True)
+        print(f"{r['hosts']:3} hosts x {r['per_host']}, p50 / p99 write -> commit:", "; ".join(
+            f"{name} {v['p50_s']:.3f} / {v['p99_s']:.3f} s ({v['commits_per_s']:.1f} "
+            f"commits/s, {v['conflict_ratio']:.0%} lost)"
+            for name, v in r.items() if isinstance(v, dict)), flush=True)
     save(args.out, {"command": command("dac"), "args": vars(args), "rows": rows})
 
 
