@@ -54,11 +54,11 @@ def read_slots(workers: int = 0) -> int:
 
 
 WAITING_READ_THREADS = 4
-"""Read threads a reader has beyond its CPU slots, run while its reads wait on the store (a
-remote store, a disk cache, a slow mount: ``StepReader``): each holds one fetch in flight
-out of the slots (``lakestream.store.slots``), so that the cores are not idle while an
-answer comes. On 2 cores, a stream on SeaweedFS at 1 thread read 0.46 GB/s, at 4 0.58
-(``bench/s3cache.py``)."""
+"""Read threads a reader has beyond its own (``default_read_threads``), run while its reads
+wait on the store (a remote store, a disk cache, a slow mount: ``StepReader``); none where
+the read threads are given. Each holds one fetch in flight out of the slots
+(``lakestream.store.slots``), so that the cores are not idle while an answer comes. On 2
+cores, a stream on SeaweedFS at 1 thread read 0.46 GB/s, at 4 0.58 (``bench/s3cache.py``)."""
 
 
 def default_read_threads(workers: int = 0) -> int:

@@ -49,13 +49,12 @@ class StepReader:
     are read ahead, while step reads wait on the store: while the median, over the last
     ``WAIT_WINDOW`` reads, of the time a read spent out of its CPU slot waiting for an
     answer (``CpuSlots.waited_s``: a remote store's, a disk's; not another thread's load,
-    which may be a decode) is over ``WAIT_S``; before any read, where ``waiting`` says
-    so. Measured, not
-    assumed from the store's kind: a local store behind a slow mount, a proxy or a hook
-    waits as S3 does, and steps read one after another each paid the whole wait (on 2
-    busy cores, 3 producers at 5 ms a request: delivered p99 615 ms with 1 thread, 288 ms
-    with the waiting ones, ``bench/delivered.py``). A reader whose reads are measured not
-    waiting reads as if it had no waiting threads.
+    which may be a decode) is over ``WAIT_S``; before any read, where ``waiting`` says so.
+    Measured, not assumed from the store's kind: a local store behind a slow mount, a proxy
+    or a hook waits as S3 does, and steps read one after another each paid the whole wait
+    (on 2 busy cores, 3 producers at 5 ms a request: delivered p99 615 ms with 1 thread,
+    288 ms with the waiting ones, ``bench/delivered.py``). A reader whose reads are
+    measured not waiting reads as if it had no waiting threads.
 
     ``finish(step, table, tensors)``, if given, runs in the same thread right after a step's
     slice is decoded (collation, a transform, pinning), and ``read`` yields what it returns.
