@@ -244,9 +244,10 @@ def collate_table(table: pa.Table, mode: str = "padded", *,
                 out[field.name], out[f"{field.name}_offsets"] = _bytes(binary_chunks(col),
                                                                         shared)
         elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-            if col.null_count:  # the rule of every step, not only those holding a null
-                col = col.fill_null(pa.scalar(False if pa.types.is_boolean(t) else 0, t))
-            out[field.name] = _copy(as_numpy(col), shared)
+            # Nulls as 0 (False): the rule of every step, not only those holding a null.
+            if col.null_count and pa.types.is_boolean(t):
+                col = col.fill_null(pa.scalar(False, t))
+            out[field.name] = _copy(as_numpy(col, fill=0), shared)
         else:
             out[field.name] = col.to_pylist()
     return out

@@ -28,6 +28,7 @@ from lakestream.plan.slices import check_rank, check_world, equal_count
 from lakestream.read.cache import FragmentCache
 from lakestream.read.offsets import Readable
 from lakestream.read.tensors import Alloc
+from lakestream.schema.arrays import as_numpy
 
 Accept = Callable[[pa.Table], bool]
 STALE_COLUMN = "stale"
@@ -205,7 +206,7 @@ class SelectedSteps:
         n = (hi - self._hi) // g
         if self._version_column is not None:
             v = pc.cast(table.column(self._version_column), pa.int64())
-            versions = np.asarray(pc.fill_null(v, FRESH).to_numpy(), dtype=np.int64)
+            versions = as_numpy(v, fill=FRESH).astype(np.int64, copy=False)
         else:
             versions = np.full(hi - self._hi, FRESH, np.int64)
         accept = self.policy.accept
@@ -220,7 +221,7 @@ class SelectedSteps:
             col = table.column(self.policy.balance)
             t = col.type
             per = pc.list_value_length(col) if not pa.types.is_integer(t) else col
-            per_sample = np.asarray(pc.fill_null(per, 0).to_numpy(), dtype=np.int64)
+            per_sample = as_numpy(per, fill=0).astype(np.int64, copy=False)
             costs = per_sample.reshape(n, g).sum(axis=1)
         else:
             costs = np.zeros(n, np.int64)

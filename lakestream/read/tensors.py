@@ -248,8 +248,7 @@ def copy_values(column: Any, direct: Direct, out: np.ndarray, name: str) -> None
             around the producer's checks), naming the row.
     """
     if not direct.prefixed:
-        out.reshape(-1).view(direct.dtype)[:] = as_numpy(
-            column.fill_null(0) if column.null_count else column)
+        out.reshape(-1).view(direct.dtype)[:] = as_numpy(column, fill=0)
         return
     nbytes, row = direct.nbytes, 0
     for data, offsets, valid in binary_chunks(column):

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -436,3 +439,21 @@ def test_a_policy_change_under_worker_states_is_refused(tmp_path, monkeypatch) -
             list(other)
     # The failed iterator is collected here, while its workers' join timeout is short.
     gc.collect()
+
+
+def test_a_reader_under_a_staleness_bound_and_balancing_never_imports_pandas(tmp_path) -> None:
+    """The policy's plan reads each group's policy version and token counts as NumPy; through
+    pyarrow's conversion that imported pandas (installed here), 0.2-0.4 s a reader's first
+    step waited for. Read in a process of its own."""
+    uri = _written(tmp_path)
+    code = f"""
+import sys
+from lakestream.loaders import StreamDataset
+got = list(StreamDataset({uri!r}, group=None, timeout=5, max_steps=4, max_staleness=1,
+                         balance="tokens"))
+print(len(got), "pandas" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["4", "False"]
