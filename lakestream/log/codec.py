@@ -29,6 +29,7 @@ from lakestream.log.entries import (
     MAX_FRAGMENTS_PER_ENTRY,
     MAX_INFO_BYTES,
     SEAL_ENTRY_FORMAT,
+    SHARED_ENTRY_FORMAT,
     Append,
     Checkpoint,
     Compacted,
@@ -42,6 +43,7 @@ from lakestream.log.entries import (
     Register,
     RemoveGroup,
     Seal,
+    SharedAppend,
     StreamMeta,
     check_state,
 )
@@ -70,8 +72,9 @@ def encode_entry(entry: Entry, prev: str | None = None) -> bytes:
     """
     now = int(time.time() * 1000)
     chained = not isinstance(entry, Compacted)
-    info: dict[str, Any] = {"format": CHAINED_ENTRY_FORMAT if chained else
-                            COMPACTED_ENTRY_FORMAT, "commit_id": entry.commit_id}
+    fmt = SHARED_ENTRY_FORMAT if isinstance(entry, SharedAppend) else \
+        CHAINED_ENTRY_FORMAT if chained else COMPACTED_ENTRY_FORMAT
+    info: dict[str, Any] = {"format": fmt, "commit_id": entry.commit_id}
     if chained:
         info["prev"] = prev
     operation, params, actions, lines = _operation(entry, info, now)
@@ -81,7 +84,7 @@ def encode_entry(entry: Entry, prev: str | None = None) -> bytes:
     # Each line is serialised once (allow_nan=False as a backstop: only the state holds
     # floats), and checksummed as written.
     head, body = dump_line(commit_info).encode(), "".join("\n" + line for line in lines).encode()
-    if isinstance(entry, Append) and len(head) + 32 > MAX_INFO_BYTES:
+    if isinstance(entry, Append | SharedAppend) and len(head) + 32 > MAX_INFO_BYTES:
         raise ValueError(f"an append whose first line is {len(head):,} bytes, over "
                          f"{MAX_INFO_BYTES:,}: readers would void it (its state is too large)")
     data = checksum.with_checksum(head, checksum.entry_checksum(head, body)) + body + b"\n"
@@ -122,6 +125,20 @@ def _operation(entry: Entry, info: dict[str, Any], now: int
         if entry.producer is not None:
             lines.append(dump_line({"txn": {"appId": entry.producer,
                                             "version": entry.last_seq, "lastUpdated": now}}))
+    elif isinstance(entry, SharedAppend):
+        parts = []
+        for part in entry.parts:
+            check_state(part.state)
+            parts.append({"producer": part.producer, "epoch": part.epoch,
+                          "seq": [part.first_seq, part.last_seq],
+                          "fragments": len(part.fragments), "state": part.state})
+            lines += [add_line(f, now) for f in part.fragments]
+        why = _shared_refusal(entry.host, entry.parts)
+        if why is not None:
+            raise ValueError(f"a shared append readers would void: {why}")
+        info.update(op="shared_append", host=entry.host, parts=parts)
+        lines += [dump_line({"txn": {"appId": part.producer, "version": part.last_seq,
+                                     "lastUpdated": now}}) for part in entry.parts]
     elif isinstance(entry, Fence):
         info.update(op="fence", producer=entry.producer, epoch=entry.epoch)
         operation, params = _TBL, {}
@@ -232,13 +249,15 @@ def decode_entry(version: int, data: bytes) -> Entry:
         if fmt not in _FORMATS:
             raise CorruptLogError(
                 f"log version {version} has format version {fmt!r}; this lakestream reads "
-                f"{FORMAT_VERSION}-{CHAINED_ENTRY_FORMAT}: upgrade lakestream or check the "
+                f"{FORMAT_VERSION}-{SHARED_ENTRY_FORMAT}: upgrade lakestream or check the "
                 "writer"
             )
-        chained = fmt == CHAINED_ENTRY_FORMAT
+        chained = fmt in (CHAINED_ENTRY_FORMAT, SHARED_ENTRY_FORMAT)
+        if (fmt == SHARED_ENTRY_FORMAT) != (info.get("op") == "shared_append"):
+            raise ValueError(f"format {fmt} with op {info.get('op')!r}")
         link = Link(entry_digest(data), _prev(info["prev"]) if chained else None, chained)
         entry = _decode_op(version, info, by_kind, link)
-        if isinstance(entry, Append) and data.find(b"\n") > MAX_INFO_BYTES:
+        if isinstance(entry, Append | SharedAppend) and data.find(b"\n") > MAX_INFO_BYTES:
             entry = Refused(f"its first line is over {MAX_INFO_BYTES:,} bytes: a state no "
                             "writer writes", entry.commit_id, link=link)
         return entry
@@ -251,7 +270,7 @@ def decode_entry(version: int, data: bytes) -> Entry:
 
 
 _FORMATS = (FORMAT_VERSION, GROUP_ENTRY_FORMAT, SEAL_ENTRY_FORMAT, COMPACTED_ENTRY_FORMAT,
-            CHAINED_ENTRY_FORMAT)
+            CHAINED_ENTRY_FORMAT, SHARED_ENTRY_FORMAT)
 def _prev(value: Any) -> str | None:
     """A chained entry's ``prev``: None or a string the length of a digest (one that is not
     hex matches no digest, and the entry then follows nothing)."""
@@ -276,6 +295,8 @@ def _decode_op(version: int, info: dict[str, Any], by_kind: dict[str, list[dict[
         raise ValueError(f"group {str(info['group'])[:40]!r} is not a string")
     if op == "append":
         return _append(version, info, by_kind.get("add", []), link)
+    if op == "shared_append":
+        return _shared(version, info, by_kind.get("add", []), link)
     if op == "fence":
         epoch = count(info["epoch"], "epoch", low=-MAX_INT)
         return Fence(check_producer_id(info["producer"]), epoch, cid, link=link)
@@ -330,6 +351,55 @@ def _append(version: int, info: dict[str, Any], adds: list[dict[str, Any]], link
     if why is not None:
         return Refused(why, cid, link=link)
     return Append(producer, epoch, frags, info.get("state"), cid, link=link)
+
+
+MAX_HOST_CHARS = 64
+
+
+def _shared(version: int, info: dict[str, Any], adds: list[dict[str, Any]], link: Link
+            ) -> SharedAppend | Refused:
+    """A shared append, or ``Refused`` if one of its parts breaks what every writer keeps to
+    (``refusal``, a producer twice, no parts, over ``MAX_FRAGMENTS_PER_ENTRY`` in all)."""
+    cid, host = str(info["commit_id"]), info["host"]
+    if len(adds) > MAX_FRAGMENTS_PER_ENTRY:
+        return Refused(f"it adds {len(adds):,} fragments, over {MAX_FRAGMENTS_PER_ENTRY:,}", cid,
+                       link=link)
+    parts, at = [], 0
+    for p in info["parts"]:
+        n = count(p["fragments"], "fragments")
+        frags = tuple(_fragment(a, version) for a in adds[at:at + n])
+        at += n
+        if len(frags) != n or not frags:
+            raise ValueError(f"a part of {n} fragments where the entry has {len(adds)} adds")
+        if p["seq"] != [frags[0].seq, frags[-1].seq]:
+            raise ValueError(f"seq range {p['seq']} disagrees with the adds")
+        parts.append(Append(check_producer_id(p["producer"]),
+                            count(p["epoch"], "epoch", low=-MAX_INT), frags, p.get("state"),
+                            cid))
+    if at != len(adds):
+        raise ValueError(f"{len(adds)} adds where the parts name {at}")
+    why = _shared_refusal(host, tuple(parts))
+    if why is not None:
+        return Refused(why, cid, link=link)
+    return SharedAppend(str(host), tuple(parts), cid, link=link)
+
+
+def _shared_refusal(host: Any, parts: tuple[Append, ...]) -> str | None:
+    """Why readers void a shared append by ``host`` of these parts, or None."""
+    if not isinstance(host, str) or not 0 < len(host) <= MAX_HOST_CHARS:
+        return f"its host {str(host)[:80]!r} is not a string of 1-{MAX_HOST_CHARS} characters"
+    if not parts:
+        return "it has no parts"
+    if len({p.producer for p in parts}) != len(parts):
+        return "it names a producer in two parts"
+    total = sum(len(p.fragments) for p in parts)
+    if total > MAX_FRAGMENTS_PER_ENTRY:
+        return f"it adds {total:,} fragments, over {MAX_FRAGMENTS_PER_ENTRY:,}"
+    for p in parts:
+        why = refusal(p.producer, p.epoch, p.fragments)
+        if why is not None:
+            return why
+    return None
 
 
 def refusal(producer: str | None, epoch: int, fragments: tuple[FragmentRef, ...]) -> str | None:

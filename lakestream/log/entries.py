@@ -31,6 +31,10 @@ CHAINED_ENTRY_FORMAT = 5
 entry before it (``Link``), so that a rewritten entry breaks the chain for every reader. A
 lakestream from before the chain stops at one with "upgrade lakestream" rather than commit
 an unchained entry after it, which readers of the chain would refuse."""
+SHARED_ENTRY_FORMAT = 6
+"""The format of an append several producers of one host share (``SharedAppend``), chained
+as format 5 is: a lakestream from before it stops there with "upgrade lakestream" rather
+than read one producer's append where there are several."""
 TOMBSTONE_TTL_S = 3600.0
 """gc deletes a tombstone only once it is this old by the store's clock, so a version it
 compacted stays taken for at least this long after the entry there was written."""
@@ -206,6 +210,22 @@ class Append(_Logged):
 
 
 @dataclass(frozen=True)
+class SharedAppend(_Logged):
+    """The appends of several producers of one host, committed by one of them in one entry
+    (``lakestream.producers.hostcommit``): each part keeps its producer, epoch, seqs and
+    state, and the entry lands or is void whole. ``host`` names the committing host's
+    producers as one writer, for pacing."""
+
+    host: str
+    parts: tuple[Append, ...]
+    commit_id: str = field(default_factory=new_commit_id)
+
+    @property
+    def fragments(self) -> tuple[FragmentRef, ...]:
+        return tuple(f for part in self.parts for f in part.fragments)
+
+
+@dataclass(frozen=True)
 class Fence(_Logged):
     producer: str
     epoch: int
@@ -287,8 +307,8 @@ class Refused(_Logged):
     commit_id: str = field(default_factory=new_commit_id)
 
 
-Entry = Create | Append | Fence | Checkpoint | Register | RemoveGroup | Seal | Reclaim | \
-    Compacted | Refused
+Entry = Create | Append | SharedAppend | Fence | Checkpoint | Register | RemoveGroup | Seal | \
+    Reclaim | Compacted | Refused
 
 
 def _non_string_key(value: Any, path: str) -> str | None:

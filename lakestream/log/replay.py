@@ -23,6 +23,7 @@ from lakestream.log.entries import (
     Register,
     RemoveGroup,
     Seal,
+    SharedAppend,
     StreamMeta,
 )
 from lakestream.log.index import FragmentIndex, Removal
@@ -227,7 +228,9 @@ class ReplayState:
 
     def _fold(self, version: int, entry: Entry) -> bool:
         if isinstance(entry, Append):
-            return self._append(version, entry)
+            return self._append(version, entry, (entry,), entry.producer)
+        if isinstance(entry, SharedAppend):
+            return self._append(version, entry, entry.parts, entry.host)
         if isinstance(entry, Fence):
             p = self.producers.get(entry.producer, ProducerState())
             if entry.epoch <= p.epoch:
@@ -267,18 +270,23 @@ class ReplayState:
             return False
         return True
 
-    def _append(self, version: int, entry: Append) -> bool:
+    def _append(self, version: int, entry: Append | SharedAppend, parts: tuple[Append, ...],
+                writer: str | None) -> bool:
+        """Folds in the fragments of ``parts`` (one producer's each), all or none: one void
+        part (fenced, a duplicate, after a seal, a fragment no writer writes) voids them all.
+        ``writer`` is who committed them, for pacing (``recent``)."""
         group = self.stream_meta.group_size
-        if any(f.rows == 0 or f.rows % group for f in entry.fragments):
+        fragments = entry.fragments
+        if any(f.rows == 0 or f.rows % group for f in fragments):
             return False  # no writer writes such a fragment: void, and its files unlisted
-        if self.is_void(entry):
-            if sum(len(fs) for _v, fs in self.voided) + len(entry.fragments) <= MAX_VOID_FILES:
-                self.voided = (*self.voided, (version, entry.fragments))
+        if any(self.is_void(part) for part in parts):
+            if sum(len(fs) for _v, fs in self.voided) + len(fragments) <= MAX_VOID_FILES:
+                self.voided = (*self.voided, (version, fragments))
             return False
         # Check every fragment before changing anything: a corrupt entry leaves the state
         # exactly as it was, at the version before it.
         offset = self.next_offset
-        for f in entry.fragments:
+        for f in fragments:
             if f.offset != offset:
                 raise CorruptLogError(
                     f"log version {version}: fragment {f.path} records offset {f.offset} but "
@@ -288,13 +296,14 @@ class ReplayState:
         if offset > MAX_INT:
             raise CorruptLogError(f"log version {version} places samples past offset 2**63 - 1:"
                                   " the log is corrupt")
-        self.index.append(version, entry.fragments)
+        self.index.append(version, fragments)
         self.next_offset = offset
-        self.recent.append((version, entry.producer))
-        if entry.producer is not None:
-            p = self.producers.get(entry.producer, ProducerState())
-            self.producers[entry.producer] = ProducerState(max(p.epoch, entry.epoch),
-                                                           entry.last_seq, entry.state)
+        self.recent.append((version, writer))
+        for part in parts:
+            if part.producer is not None:
+                p = self.producers.get(part.producer, ProducerState())
+                self.producers[part.producer] = ProducerState(max(p.epoch, part.epoch),
+                                                              part.last_seq, part.state)
         return True
 
     def _reclaim(self, version: int, entry: Reclaim) -> bool:

@@ -11,7 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lakestream.log.codec import decode_entry, encode_entry
-from lakestream.log.entries import Append, Checkpoint, Create, Entry, Fence, FragmentRef, StreamMeta
+from lakestream.log.entries import (
+    Append,
+    Checkpoint,
+    Create,
+    Entry,
+    Fence,
+    FragmentRef,
+    SharedAppend,
+    StreamMeta,
+)
 from lakestream.log.manifest import snapshot_key
 from lakestream.log.replay import ReplayState, replay
 from lakestream.log.snapshot import decode_snapshot, write_snapshot
@@ -27,6 +36,12 @@ op = st.one_of(
     st.tuples(st.just("fence"), st.sampled_from(PRODUCERS), st.sampled_from([-1, 0, 1, 1])),
     st.tuples(st.just("checkpoint"), st.sampled_from(["train", "eval"]), st.integers(0, 9)),
     st.tuples(st.just("anon"), st.integers(1, 3)),
+    # A host's shared append: parts of distinct producers, void whole if one part is.
+    st.tuples(st.just("shared"), st.lists(
+        st.tuples(st.sampled_from(PRODUCERS), st.sampled_from([-1, 0, 0, 0, 1]),
+                  st.sampled_from([-1, 1, 1, 1]), st.lists(st.integers(0, 3), min_size=1,
+                                                           max_size=2)),
+        min_size=1, max_size=3, unique_by=lambda part: part[0])),
 )
 
 
@@ -39,24 +54,29 @@ def _model_and_log(ops: list[tuple[Any, ...]]) -> tuple[list[tuple[int, Entry]],
     log: list[tuple[int, Entry]] = [(0, Create(META, "c0"))]
     for o in ops:
         v = len(log)
-        if o[0] == "append":
-            _, p, de, ds, sizes = o
-            epoch = max(0, epochs.get(p, 0) + de)  # a key holds no negative epoch
-            first = max(0, seqs.get(p, -1) + ds)
-            known = p in epochs or p in seqs
-            void = known and (epoch < epochs.get(p, 0) or first <= seqs.get(p, -1)) \
-                or 0 in sizes  # no writer writes an empty fragment
-            at, frags = offset, []
-            for i, n in enumerate(sizes):
-                frags.append(FragmentRef(f"data/{p}/{epoch}-{first + i}-{v}.parquet", n, 10, at,
-                                         first + i))
-                at += n
-            entry: Entry = Append(p, epoch, tuple(frags), {"cursor": v}, f"c{v}")
+        if o[0] in ("append", "shared"):
+            at, void, parts = offset, False, []
+            for p, de, ds, sizes in ([o[1:]] if o[0] == "append" else o[1]):
+                epoch = max(0, epochs.get(p, 0) + de)  # a key holds no negative epoch
+                first = max(0, seqs.get(p, -1) + ds)
+                known = p in epochs or p in seqs
+                void = void or known and (epoch < epochs.get(p, 0) or first <= seqs.get(p, -1)) \
+                    or 0 in sizes  # no writer writes an empty fragment
+                frags = []
+                for i, n in enumerate(sizes):
+                    frags.append(FragmentRef(f"data/{p}/{epoch}-{first + i}-{v}.parquet", n, 10,
+                                             at, first + i))
+                    at += n
+                parts.append(Append(p, epoch, tuple(frags), {"cursor": v}, f"c{v}"))
+            entry: Entry = parts[0] if o[0] == "append" else SharedAppend("@h", tuple(parts),
+                                                                          f"c{v}")
             if not void:
                 offset = at
-                live += [(f.path, f.offset, f.rows) for f in frags if f.rows]
-                epochs[p] = max(epochs.get(p, 0), epoch)
-                seqs[p], states[p] = frags[-1].seq, {"cursor": v}
+                for part in parts:
+                    p = part.producer
+                    live += [(f.path, f.offset, f.rows) for f in part.fragments if f.rows]
+                    epochs[p] = max(epochs.get(p, 0), part.epoch)
+                    seqs[p], states[p] = part.last_seq, {"cursor": v}
         elif o[0] == "fence":
             _, p, de = o
             epoch = epochs.get(p, 0) + de
