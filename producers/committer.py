@@ -111,14 +111,16 @@ class Committer(threading.Thread):
                     break
                 left = (earliest if full else deadline) - now
                 self._cond.wait(max(left, 0.001) if self._next in self._ready else 0.5)
-            if self._stopping:
-                return None
-            batch: list[Uploaded] = []
-            while self._next in self._ready and len(batch) < self._batch_limit:
-                batch.append(self._ready.pop(self._next))
-                self._ready_bytes -= batch[-1].nbytes
-                self._next += 1
-            return batch
+            return None if self._stopping else self._pop_run()
+
+    def _pop_run(self) -> list[Uploaded]:
+        """Takes the next contiguous run of uploaded fragments (under ``_cond``)."""
+        batch: list[Uploaded] = []
+        while self._next in self._ready and len(batch) < self._batch_limit:
+            batch.append(self._ready.pop(self._next))
+            self._ready_bytes -= batch[-1].nbytes
+            self._next += 1
+        return batch
 
     def run(self) -> None:
         started = time.thread_time()

@@ -8,6 +8,7 @@ from typing import Literal
 from lakestream.writing import MAX_FRAGMENTS_PER_ENTRY, CommitOptions, check_int
 
 CommitPolicy = Literal["adaptive", "per-fragment"]
+ShareCommits = Literal["host"] | None
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ class ProducerOptions:
     max_fragments_per_commit: int = 10_000
     progress_poll_s: float = 0.05
     commit: CommitOptions = field(default_factory=CommitOptions)
+    share_commits: ShareCommits = None
+    """``"host"``: the producers of this host that set it (processes or threads) commit
+    through one of them at a time, in one entry for them all, each keeping its own epoch,
+    seqs and state there (``lakestream.producers.hostcommit``); a log taking one commit at
+    a time then carries a host's producers per commit. None: each commits alone. Needs the
+    host folder (``LAKESTREAM_HOST_DIR``; turned off, each commits alone) and the adaptive
+    policy. A stream with a shared entry is read by lakestream from this version on only."""
 
     def __post_init__(self) -> None:
         if self.commit_policy not in ("adaptive", "per-fragment"):
@@ -55,6 +63,11 @@ class ProducerOptions:
             raise ValueError(f"max_fragments_per_commit must be at most "
                              f"{MAX_FRAGMENTS_PER_ENTRY:,} (readers void a larger entry), got "
                              f"{self.max_fragments_per_commit:,}")
+        if self.share_commits not in (None, "host"):
+            raise ValueError(f"share_commits must be None or 'host', got {self.share_commits!r}")
+        if self.share_commits and self.commit_policy != "adaptive":
+            raise ValueError("share_commits='host' needs commit_policy='adaptive': the host's "
+                             "committer groups its producers' fragments")
         if self.compression not in ("zstd", "none", "snappy", "lz4"):
             raise ValueError(f"compression must be zstd, snappy, lz4 or none, "
                              f"got {self.compression!r}")

@@ -15,12 +15,14 @@ from zlib_ng import zlib_ng
 
 from lakestream.errors import LakestreamError, TooLargeError
 from lakestream.producers.committer import Committer, Uploaded
+from lakestream.producers.hostcommit import HostCommitter
 from lakestream.producers.inflight import InFlight
 from lakestream.producers.options import ProducerOptions
 from lakestream.producers.stats import ProducerStats
 from lakestream.stream import Stream
 from lakestream.writing import (
     Fence,
+    HostRuns,
     ObjectStore,
     Progress,
     check_group,
@@ -124,8 +126,16 @@ class Producer:
         self._pool = ThreadPoolExecutor(self.upload_threads,
                                         thread_name_prefix=f"lakestream-upload-{producer_id}")
         self._pool.submit(warm_conversion)  # while nothing waits on it: not in the first write
+        runs = HostRuns.for_stream(self._stream.uri, self._stream.meta.created_ms) \
+            if o.share_commits == "host" else None
+        if o.share_commits and runs is None:
+            log.warning("producer %s: share_commits='host' without a host folder "
+                        "(LAKESTREAM_HOST_DIR): committing alone", producer_id)
         self._committer = Committer(self._stream, self.producer_id, self.epoch, o, self.stats,
-                                    self._inflight, self.upload_threads, on_commit)
+                                    self._inflight, self.upload_threads, on_commit) \
+            if runs is None else HostCommitter(
+                self._stream, self.producer_id, self.epoch, o, self.stats, self._inflight,
+                self.upload_threads, on_commit, runs=runs)
         self._committer.start()
 
     # -- what the user sees -------------------------------------------------------------

@@ -60,6 +60,13 @@ class ProducerStats:
             self.fragments_committed += fragments
             self.commit_latencies_s.append(latency_s)
 
+    def add_landed(self, fragments: int, latency_s: float) -> None:
+        """Counts fragments committed by the host's committer (commits shared by a host),
+        ``latency_s`` after they were handed to it."""
+        with self._lock:
+            self.fragments_committed += fragments
+            self.commit_latencies_s.append(latency_s)
+
     def latencies(self) -> list[float]:
         """A copy of the remembered commit latencies, oldest first (safe while committing)."""
         with self._lock:

@@ -26,6 +26,7 @@ from lakestream.log.entries import (
     Register,
     RemoveGroup,
     Seal,
+    SharedAppend,
 )
 from lakestream.log.fragments import check_rows, encode_fragment, put_fragment
 from lakestream.log.keys import ANONYMOUS, check_group, fragment_key
@@ -92,7 +93,6 @@ def appending(uri: str, producer: str | None, epoch: int,
 
     def build(state: ReplayState, commit_id: str) -> Entry | None:
         refuse_if_sealed(state, uri)
-        fresh = list(fragments)
         if producer is not None:
             mine = state.producers.get(producer)
             if mine is not None and mine.epoch > epoch:
@@ -100,17 +100,76 @@ def appending(uri: str, producer: str | None, epoch: int,
                     f"producer {producer} epoch {epoch} was fenced by epoch {mine.epoch} at "
                     f"or before version {state.version} of {uri}: a newer instance is "
                     "running; stop this one")
-            committed = mine.seq if mine is not None else -1
-            fresh = [u for u in fresh if u.seq > committed]
-        if not fresh:
-            return None
-        refs, offset = [], state.next_offset
-        for u in fresh:
-            refs.append(FragmentRef(u.key, u.rows, u.size, offset, u.seq, u.crc32))
-            offset += u.rows
-        return Append(producer, epoch, tuple(refs), fresh[-1].state, commit_id)
+        return _part(state, producer, epoch, fragments, state.next_offset, commit_id)
 
     return build
+
+
+class Run(NamedTuple):
+    """One producer's uploaded fragments, in seq order, for a shared append."""
+
+    producer: str
+    epoch: int
+    fragments: Sequence[Uploaded]
+
+
+def sharing(uri: str, host: str, runs: Sequence[Run]) -> Build:
+    """The shared append (``SharedAppend``) by ``host`` of ``runs`` (one per producer), made
+    on the state it commits on: refused on a sealed stream; a run whose producer a newer
+    epoch fenced left out, as are the seqs the log holds already and any past a gap in a
+    producer's seqs (what it uploaded before them is not here yet); nothing if no run has
+    anything left.
+
+    Raises:
+        StreamSealedError: the stream is sealed.
+    """
+
+    def build(state: ReplayState, commit_id: str) -> Entry | None:
+        refuse_if_sealed(state, uri)
+        parts, offset = [], state.next_offset
+        for run in runs:
+            mine = state.producers.get(run.producer)
+            if mine is not None and mine.epoch > run.epoch:
+                continue
+            committed = mine.seq if mine is not None else -1
+            part = _part(state, run.producer, run.epoch,
+                         _contiguous(run.fragments, committed), offset, commit_id)
+            if part is not None:
+                parts.append(part)
+                offset += part.rows
+        return SharedAppend(host, tuple(parts), commit_id) if parts else None
+
+    return build
+
+
+def _contiguous(fragments: Sequence[Uploaded], committed: int) -> list[Uploaded]:
+    """The fragments past seq ``committed`` up to the first gap in their seqs (seqs start
+    at 0, so a producer the log does not know starts there)."""
+    run: list[Uploaded] = []
+    for u in fragments:
+        if u.seq == (run[-1].seq if run else committed) + 1:
+            run.append(u)
+        elif run or u.seq > committed + 1:
+            break
+    return run
+
+
+def _part(state: ReplayState, producer: str | None, epoch: int, fragments: Sequence[Uploaded],
+          offset: int, commit_id: str) -> Append | None:
+    """The append of the ``fragments`` the log does not hold yet from ``producer``, placed
+    from ``offset``; None if it holds them all."""
+    fresh = list(fragments)
+    if producer is not None:
+        mine = state.producers.get(producer)
+        committed = mine.seq if mine is not None else -1
+        fresh = [u for u in fresh if u.seq > committed]
+    if not fresh:
+        return None
+    refs = []
+    for u in fresh:
+        refs.append(FragmentRef(u.key, u.rows, u.size, offset, u.seq, u.crc32))
+        offset += u.rows
+    return Append(producer, epoch, tuple(refs), fresh[-1].state, commit_id)
 
 
 def append_table(view: LogView, data: Any, options: CommitOptions | None = None) -> int:

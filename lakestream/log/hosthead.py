@@ -73,19 +73,9 @@ class HostHead:
     def for_stream(cls, uri: str, created_ms: int) -> HostHead | None:
         """The host's head of the stream at ``uri`` created at ``created_ms``; None if the
         host folder is turned off or cannot be made (each process then reads alone)."""
-        base = os.environ.get(ENV)
-        if base is not None and base.strip().lower() in ("", "0", "off", "none"):
-            return None
-        if base is None:
-            base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-        heads = os.path.join(base, f"lakestream-{os.getuid()}", "heads")
-        name = hashlib.sha256(f"{uri}\0{created_ms}".encode()).hexdigest()[:32]
+        folder = stream_folder("heads", uri, created_ms)
         try:
-            os.makedirs(heads, mode=0o700, exist_ok=True)
-            if os.stat(os.path.join(base, f"lakestream-{os.getuid()}")).st_uid != os.getuid():
-                return None  # another user's folder: never trust its files
-            _prune(heads, keep=name)
-            return cls(os.path.join(heads, name))
+            return None if folder is None else cls(folder)
         except OSError:
             return None
 
@@ -230,6 +220,29 @@ def _release_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_release_in_child)
+
+
+def stream_folder(kind: str, uri: str, created_ms: int) -> str | None:
+    """``<host dir>/<kind>/<stream>``, the folder of the host where its processes share
+    ``kind`` for the stream at ``uri`` created at ``created_ms`` (the folders of streams
+    untouched for ``STALE_S`` pruned); None if the host folder is turned off (``ENV``), cannot
+    be made, or is another user's."""
+    base = os.environ.get(ENV)
+    if base is not None and base.strip().lower() in ("", "0", "off", "none"):
+        return None
+    if base is None:
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    root = os.path.join(base, f"lakestream-{os.getuid()}")
+    folders = os.path.join(root, kind)
+    name = hashlib.sha256(f"{uri}\0{created_ms}".encode()).hexdigest()[:32]
+    try:
+        os.makedirs(folders, mode=0o700, exist_ok=True)
+        if os.stat(root).st_uid != os.getuid():
+            return None  # another user's folder: never trust its files
+        _prune(folders, keep=name)
+    except OSError:
+        return None
+    return os.path.join(folders, name)
 
 
 def _prune(heads: str, keep: str) -> None:

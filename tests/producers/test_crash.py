@@ -27,14 +27,15 @@ PRODUCERS, FRAGMENTS, ROWS = 3, 12, 2
 
 
 def _spawn(uri: str, producer_id: str, options: dict[str, str] | None, failpoint: str | None,
-           total: int = FRAGMENTS, policy: str = "adaptive") -> subprocess.Popen[str]:
+           total: int = FRAGMENTS, policy: str = "adaptive", share: str | None = None,
+           max_interval_s: float = 5.0) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env.pop("LAKESTREAM_FAILPOINT", None)
     if failpoint:
         env["LAKESTREAM_FAILPOINT"] = failpoint
     return subprocess.Popen(
         [sys.executable, "-m", "tests.producers.worker", uri, producer_id, str(total), str(ROWS),
-         json.dumps(options or {}), policy],
+         json.dumps(options or {}), policy, share or "-", str(max_interval_s)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -1,0 +1,215 @@
+"""Runs waiting for a host's shared commit: where the producers of one host leave the
+fragments they uploaded for whichever of them commits for the host, and the lock that makes
+one of them that committer (docs/design.md §5, *Commits shared by a host*).
+
+Per stream, in ``<host dir>/commits/<stream>/`` (``lakestream.log.hosthead.stream_folder``):
+
+- ``runs/<epoch>-<first>-<last>-<producer>.json``: a run of one producer's uploaded
+  fragments, contiguous seqs ``first..last``, with the state each was written with. A
+  producer leaves one when its fragments are uploaded; the file is put in place whole (a
+  temp file renamed), so a process killed while writing it leaves nothing read, and is
+  never changed after. The committer removes it once the log holds its seqs (or a newer
+  epoch fenced its producer); the producer learns its run landed from the log, never from
+  the file.
+- ``lock``: the host's committer holds an ``flock`` on it for as long as it commits for
+  the host. The kernel drops it when that process dies, and another producer takes it.
+
+A run older than ``STALE_S`` is removed, not committed: gc keeps a live producer's uploads
+for a day (``lakestream.log.gc.IN_FLIGHT_MIN_AGE_S``), never less, so a run is committed
+only while its files are sure to be there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from lakestream.log.commits import Run, Stored, Uploaded
+from lakestream.log.hosthead import stream_folder
+from lakestream.log.keys import check_producer_id, key_writer
+
+STALE_S = 3600.0
+"""A run older than this is dropped rather than committed."""
+MAX_RUN_BYTES = 64 << 20
+"""A run file larger than this is not one a producer wrote: skipped."""
+
+
+class Published(NamedTuple):
+    """A run found in the folder: its file's name, and the run."""
+
+    name: str
+    run: Run
+    state_bytes: int
+    """The JSON size of its last state: a shared entry carries one state per producer."""
+
+
+class HostRuns:
+    """One stream's shared-commit folder on this host."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.runs = os.path.join(folder, "runs")
+        os.makedirs(self.runs, mode=0o700, exist_ok=True)
+        digest = hashlib.sha256(f"{socket.gethostname()}\0{folder}".encode()).hexdigest()
+        self.host = "@" + digest[:16]
+        """The host's committers as one writer in the log (no producer id starts so)."""
+        self._fd: int | None = None
+        """The lock file, open while this process may want the lock."""
+        self._leading = False
+
+    @classmethod
+    def for_stream(cls, uri: str, created_ms: int) -> HostRuns | None:
+        """The folder for the stream at ``uri`` created at ``created_ms``; None if the host
+        folder is turned off or cannot be made."""
+        folder = stream_folder("commits", uri, created_ms)
+        try:
+            return None if folder is None else cls(folder)
+        except OSError:
+            return None
+
+    # -- a producer's side -------------------------------------------------------------
+
+    def publish(self, producer: str, epoch: int, fragments: Sequence[Uploaded]) -> str:
+        """Leaves ``fragments`` (contiguous seqs, in order) for the host's committer;
+        returns the file's name.
+
+        Raises:
+            OSError: the file could not be written.
+        """
+        name = f"{epoch}-{fragments[0].seq}-{fragments[-1].seq}-{producer}.json"
+        body = json.dumps({"producer": producer, "epoch": epoch,
+                           "fragments": [[u.seq, u.key, u.rows, u.size, u.crc32, u.state]
+                                         for u in fragments]},
+                          allow_nan=False, separators=(",", ":")).encode()
+        path = os.path.join(self.runs, name)
+        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            try:
+                f = open(tmp, "wb")  # noqa: SIM115 - closed below
+            except FileNotFoundError:  # the folder was removed (pruned, or by the OS)
+                os.makedirs(self.runs, mode=0o700, exist_ok=True)
+                f = open(tmp, "wb")  # noqa: SIM115
+            with f:
+                f.write(body)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return name
+
+    def waiting(self, name: str) -> bool:
+        """Whether the run ``name`` is still in the folder."""
+        return os.path.exists(os.path.join(self.runs, name))
+
+    # -- the host committer's side -----------------------------------------------------
+
+    def lead(self) -> bool:
+        """Takes the host's commit lock if no process holds it; True if this one does."""
+        if self._leading:
+            return True
+        if self._fd is None:
+            try:
+                self._fd = os.open(os.path.join(self.folder, "lock"), os.O_RDWR | os.O_CREAT,
+                                   0o600)
+            except OSError:
+                return False
+            _held.add(self._fd)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        self._leading = True
+        return True
+
+    def resign(self) -> None:
+        """Lets the lock go, for another producer of the host to take."""
+        if self._fd is not None:
+            _held.discard(self._fd)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)  # which drops the lock
+            self._fd = None
+        self._leading = False
+
+    def gather(self) -> list[Published]:
+        """The runs in the folder, oldest seqs first per producer; those older than
+        ``STALE_S`` removed, and files that are not runs (damaged, another writer's)
+        skipped."""
+        found: list[Published] = []
+        now = time.time()
+        try:
+            entries = list(os.scandir(self.runs))
+        except OSError:
+            return found
+        for entry in entries:
+            name = entry.name
+            if not name.endswith(".json"):
+                with contextlib.suppress(OSError):  # a writer killed mid-write
+                    if ".tmp-" in name and now - entry.stat().st_mtime > 60:
+                        os.unlink(entry.path)
+                continue
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError, IndexError):
+                st = entry.stat()
+                if now - st.st_mtime > STALE_S:
+                    os.unlink(entry.path)
+                    continue
+                if st.st_size > MAX_RUN_BYTES:
+                    continue
+                with open(entry.path, "rb") as f:
+                    doc = json.loads(f.read())
+                found.append(_published(name, doc))
+        found.sort(key=lambda p: (p.run.producer, p.run.fragments[0].seq))
+        return found
+
+    def remove(self, names: Sequence[str]) -> None:
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.runs, name))
+
+
+def _published(name: str, doc: dict[str, Any]) -> Published:
+    """A run file's content as a run, checked: every fragment's key is the file its
+    producer writes at that epoch and seq, and the seqs are contiguous.
+
+    Raises:
+        ValueError, KeyError, TypeError, IndexError: it is not a run a producer wrote.
+    """
+    producer, epoch = check_producer_id(doc["producer"]), doc["epoch"]
+    if type(epoch) is not int:
+        raise TypeError("epoch")
+    fragments = tuple(Stored(key, rows, size, seq, crc, state)
+                      for seq, key, rows, size, crc, state in doc["fragments"])
+    for i, u in enumerate(fragments):
+        if key_writer(u.key) != (producer, epoch, u.seq) or \
+                u.seq != fragments[0].seq + i or not all(
+                    type(v) is int and v >= 0 for v in (u.rows, u.size, u.seq)):
+            raise ValueError(f"{name} is not a run its producer wrote")
+    state_bytes = len(json.dumps(fragments[-1].state))
+    return Published(name, Run(producer, epoch, fragments), state_bytes)
+
+
+_held: set[int] = set()
+"""The lock files this process has open (one per producer sharing its host's commits)."""
+
+
+def _release_in_child() -> None:
+    """A forked child shares its parent's locks: it closes its copies, or the host's
+    producers would find a lock held for as long as the child lives, though the parent is
+    gone."""
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_release_in_child)
