@@ -1,7 +1,8 @@
 """Freshness benchmark: how soon a sample written by a producer is seen by a tailing trainer.
 
 Usage: .venv/bin/python -m bench.freshness [--producers 1 4 8] [--stores local s3]
-       [--rate 100] [--duration 6] [--reps 3]
+       [--rate 100] [--duration 6] [--reps 3] [--share none host] [--hosts 1]
+       [--put-ms 0]
 Writes bench/results/freshness.json and bench/results/freshness.png.
 
 N producer processes each write one GRPO group (16 samples, ~16 KB) every 1/rate seconds, on
@@ -14,8 +15,13 @@ seq, the samples committed). From that:
 - committed-visible: from a group's ``write()`` to the reader's first view holding its seq;
 - step-readable: from a group's ``write()`` to the reader's first view holding the whole step
   its samples fall in (global batch 64: four groups);
-- commits per producer, and the reader's GETs of log entries per second, under load and at
+- commits per producer (with ``--share host``, the entries each put for the host), and
+  the reader's GETs of log entries per second, under load and at
   rest (two seconds of no writes before the producers start).
+
+``--hosts h`` splits the producers among h hosts (each its own host folder, as on h
+machines); ``--put-ms m`` makes each put of a log entry (the conditional put) return m ms
+later in the producers, as a slower store's would.
 
 Configurations run interleaved, repetition by repetition; each figure is the median
 repetition with its min-max. The local store is a folder on tmpfs (``--local-dir``); S3 is
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import os
 import platform
 import tempfile
 import time
@@ -50,13 +57,26 @@ def _group(k: int, n: int) -> Any:
 
 
 def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
-              duration: float, rate: float, out: Any) -> None:
-    from lakestream.producers import Producer
+              duration: float, rate: float, share: str | None, host_dir: str | None,
+              put_ms: float, out: Any) -> None:
+    from lakestream.producers import Producer, ProducerOptions
+    from lakestream.store import Request, add_request_hook
+
+    if host_dir is not None:
+        os.environ["LAKESTREAM_HOST_DIR"] = host_dir
+
+    def slow_put(r: Request) -> None:
+        if r.op == "put" and r.key.startswith("_delta_log/") and r.key.endswith(".json"):
+            time.sleep(put_ms / 1e3)
+
+    if put_ms:
+        add_request_hook(slow_put)
 
     groups = [_group(k, n) for n in range(8)]
     sent: list[float] = []
     landed: list[tuple[float, int]] = []  # (when, last seq) of each commit, as the writer saw
     with Producer(uri, f"p{k}", storage_options=options,
+                  options=ProducerOptions(share_commits=share),  # type: ignore[arg-type]
                   on_commit=lambda seq: landed.append((time.time(), seq))) as p:
         resolved = _count_resolved()  # from here: opening's reads are not a commit's
         time.sleep(max(0.0, start_at - time.time()))
@@ -147,7 +167,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def run(store: str, producers: int, rate: float, duration: float, tmp: str,
-        s3: dict[str, str] | None) -> dict[str, Any]:
+        s3: dict[str, str] | None, share: str | None = None, hosts: int = 1,
+        put_ms: float = 0.0) -> dict[str, Any]:
     import lakestream
 
     uri = f"s3://lakestream-test/fresh-{time.time_ns()}" if store == "s3" else \
@@ -156,13 +177,17 @@ def run(store: str, producers: int, rate: float, duration: float, tmp: str,
     lakestream.create(uri, payload.ROLLOUT_SCHEMA, global_batch_size=B, group_size=GROUP,
                       storage_options=options)
     now = time.time()
-    start_at = now + 3.0 + REST_S  # producers open (fence) first, then wait
+    # Producers open (fence) first, then wait; on 2 cores each process takes ~0.3 s to
+    # start, and a reader started after the writes began would count its own start.
+    start_at = now + 3.0 + 0.3 * producers + REST_S
     until = start_at + duration + 30.0  # a reader far behind still sees everything
     expected = producers * int(duration * rate) * GROUP
     results = run_workers(
         _worker,
         [("r", uri, options, start_at, until, expected)] + [
-            ("p", uri, options, k, start_at, duration, rate) for k in range(producers)],
+            ("p", uri, options, k, start_at, duration, rate, share,
+             f"{tmp}/host-{k % hosts}" if hosts > 1 else None, put_ms)
+            for k in range(producers)],
         timeout=duration + 120)
     reader = next(r for r in results if "views" in r)
     sent = {f"p{r['k']}": r["sent"] for r in results if "sent" in r}
@@ -208,6 +233,7 @@ def run(store: str, producers: int, rate: float, duration: float, tmp: str,
     cs = list(commits.values())
     return {
         "store": store, "producers": producers, "rate": rate, "duration": duration,
+        "share": share or "none", "hosts": hosts, "put_ms": put_ms,
         "p50_ms": 1e3 * _pct(allv, 0.5), "p99_ms": 1e3 * _pct(allv, 0.99),
         "max_ms": 1e3 * max(allv),
         "readable_p99_ms": 1e3 * _pct([x for v in readable.values() for x in v], 0.99),
@@ -235,6 +261,13 @@ def main() -> None:
     ap.add_argument("--local-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else None,
                     help="where local streams go (default tmpfs: the disk's file creation, "
                          "~1 ms a file here, is not what is measured)")
+    ap.add_argument("--share", nargs="+", default=["none"], choices=["none", "host"],
+                    help="commit sharing: none (each producer commits alone), host (the "
+                         "producers, all of one host here, share commits); interleaved")
+    ap.add_argument("--hosts", type=int, default=1,
+                    help="hosts the producers are split among (a host folder each)")
+    ap.add_argument("--put-ms", type=float, default=0.0,
+                    help="ms added to each put of a log entry, in the producers")
     ap.add_argument("--out", default=str(RESULTS / "freshness.json"))
     args = ap.parse_args()
     server = None
@@ -245,44 +278,47 @@ def main() -> None:
         server = start_s3()
         s3 = server.options()
     runs = []
+    configs = [(store, n, share) for store in args.stores for n in args.producers
+               for share in args.share]
     try:
         with tempfile.TemporaryDirectory(dir=args.local_dir) as tmp:
             for rep in range(args.reps):
-                for store in args.stores:
-                    for n in args.producers:
-                        r = run(store, n, args.rate, args.duration, tmp, s3)
-                        r["rep"] = rep
-                        runs.append(r)
-                        print(f"rep {rep} {store:5} {n} producers: p50 {r['p50_ms']:6.1f} "
-                              f"p99 {r['p99_ms']:6.1f} max {r['max_ms']:6.1f} ms; "
-                              f"step-readable p99 {r['readable_p99_ms']:6.1f} ms; worst/best "
-                              f"p99 {r['worst_over_best_p99']:.2f}; landed p50/p99 "
-                              f"{r['landed_p50_ms']:.1f}/{r['landed_p99_ms']:.1f} ms; "
-                              f"commits max/min "
-                              f"{r['commits_max_over_min']:.2f}; conflicts "
-                              f"{100 * r['conflict_rate']:.0f}%; GETs/s rest "
-                              f"{r['gets_per_s_at_rest']:.0f} loaded "
-                              f"{r['gets_per_s_loaded']:.0f} (empty: rest "
-                              f"{r['empty_gets_per_s_at_rest']:.0f} loaded "
-                              f"{r['empty_gets_per_s_loaded']:.0f})", flush=True)
+                for store, n, share in configs:
+                    r = run(store, n, args.rate, args.duration, tmp, s3,
+                            None if share == "none" else share, args.hosts, args.put_ms)
+                    r["rep"] = rep
+                    runs.append(r)
+                    print(f"rep {rep} {store:5} {n} producers, share {share}: "
+                          f"p50 {r['p50_ms']:6.1f} "
+                          f"p99 {r['p99_ms']:6.1f} max {r['max_ms']:6.1f} ms; "
+                          f"step-readable p99 {r['readable_p99_ms']:6.1f} ms; worst/best "
+                          f"p99 {r['worst_over_best_p99']:.2f}; landed p50/p99 "
+                          f"{r['landed_p50_ms']:.1f}/{r['landed_p99_ms']:.1f} ms; "
+                          f"commits max/min "
+                          f"{r['commits_max_over_min']:.2f}; conflicts "
+                          f"{100 * r['conflict_rate']:.0f}%; GETs/s rest "
+                          f"{r['gets_per_s_at_rest']:.0f} loaded "
+                          f"{r['gets_per_s_loaded']:.0f} (empty: rest "
+                          f"{r['empty_gets_per_s_at_rest']:.0f} loaded "
+                          f"{r['empty_gets_per_s_loaded']:.0f})", flush=True)
     finally:
         if server is not None:
             server.stop()
     summary = []
-    for store in args.stores:
-        for n in args.producers:
-            mine = [r for r in runs if r["store"] == store and r["producers"] == n]
-            row: dict[str, Any] = {"store": store, "producers": n}
-            for key in ("p50_ms", "p99_ms", "max_ms", "readable_p99_ms", "landed_p50_ms",
-                        "landed_p99_ms", "worst_over_best_p99",
-                        "commits_max_over_min", "conflict_rate", "gets_per_s_at_rest",
-                        "gets_per_s_loaded", "empty_gets_per_s_at_rest",
-                        "empty_gets_per_s_loaded"):
-                xs = [r[key] for r in mine]
-                row[key] = {"median": median(xs), "min": min(xs), "max": max(xs)}
-            summary.append(row)
+    for store, n, share in configs:
+        mine = [r for r in runs if (r["store"], r["producers"], r["share"]) ==
+                (store, n, share)]
+        row: dict[str, Any] = {"store": store, "producers": n, "share": share}
+        for key in ("p50_ms", "p99_ms", "max_ms", "readable_p99_ms", "landed_p50_ms",
+                    "landed_p99_ms", "worst_over_best_p99",
+                    "commits_max_over_min", "conflict_rate", "gets_per_s_at_rest",
+                    "gets_per_s_loaded", "empty_gets_per_s_at_rest",
+                    "empty_gets_per_s_loaded"):
+            xs = [r[key] for r in mine]
+            row[key] = {"median": median(xs), "min": min(xs), "max": max(xs)}
+        summary.append(row)
     result = {"machine": f"{platform.node()}: {platform.platform()}, "
-                         f"{len(__import__('os').sched_getaffinity(0))} cores",
+                         f"{len(os.sched_getaffinity(0))} cores",
               "args": vars(args), "summary": summary, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
@@ -299,14 +335,15 @@ def plot(summary: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for store in dict.fromkeys(r["store"] for r in summary):
-        rows = [r for r in summary if r["store"] == store]
+    for store, share in dict.fromkeys((r["store"], r.get("share", "none")) for r in summary):
+        rows = [r for r in summary if (r["store"], r.get("share", "none")) == (store, share)]
         xs = [r["producers"] for r in rows]
         for key, style in (("p50_ms", "o--"), ("p99_ms", "o-")):
             ys = [r[key]["median"] for r in rows]
             err = [[r[key]["median"] - r[key]["min"] for r in rows],
                    [r[key]["max"] - r[key]["median"] for r in rows]]
-            ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3, label=f"{store} {key[:3]}")
+            name = store if share == "none" else f"{store} shared"
+            ax.errorbar(xs, ys, yerr=err, fmt=style, capsize=3, label=f"{name} {key[:3]}")
     ax.set_xlabel("producers (100 writes/s each)")
     ax.set_ylabel("write() -> committed and visible, ms")
     ax.set_yscale("log")
