@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import deltalake
@@ -40,6 +42,26 @@ def _entries(uri: str) -> Counter[str]:
     return kinds
 
 
+def _side_by_side(uri: str, options: dict[str, str] | None,
+                  spawn: Callable[[], list[subprocess.Popen[str]]]) -> list[subprocess.Popen[str]]:
+    """The processes ``spawn`` starts, held from committing (the test holds the host's
+    lock) until all have opened: started one after another, each could finish alone before
+    the next opened, and never hand over a run."""
+    s = lakestream.open(uri, storage_options=options)
+    runs = HostRuns.for_stream(s.uri, s.meta.created_ms)
+    assert runs is not None and runs.lead()
+    procs = spawn()
+    try:
+        deadline = time.monotonic() + 60
+        while len(s.producers) < len(procs) and time.monotonic() < deadline and \
+                all(p.poll() is None for p in procs):
+            time.sleep(0.02)
+            s.refresh()
+    finally:
+        runs.resign()
+    return procs
+
+
 def _finish(procs: list, timeout: float = 120) -> list[dict]:
     outs = [p.communicate(timeout=timeout) for p in procs]
     assert [p.returncode for p in procs] == [0] * len(procs), [e[-3000:] for _, e in outs]
@@ -51,8 +73,8 @@ def test_producer_processes_of_a_host_share_commits_each_with_its_own_seqs_and_s
     uri = str(tmp_path / "s")
     lakestream.create(uri, SCHEMA, global_batch_size=2)
     total = 40
-    stats = _finish([_spawn(uri, f"rollout-{k}", None, None, total=total, share="host")
-                     for k in range(4)])
+    stats = _finish(_side_by_side(uri, None, lambda: [
+        _spawn(uri, f"rollout-{k}", None, None, total=total, share="host") for k in range(4)]))
     assert _stream_ids(uri, None) == _expected(4, total)
     s = lakestream.open(uri)
     assert {n: (p[1], p[2]) for n, p in s.producers.items()} == {
@@ -104,10 +126,14 @@ def test_a_host_committer_killed_at_every_failpoint_loses_and_duplicates_nothing
     lakestream.create(uri, SCHEMA, global_batch_size=2, snapshot_interval=2,
                       storage_options=backend.options)
     names = [f"rollout-{k}" for k in range(3)]
-    # Each dies at another hit of the point; whoever holds the host's lock then is the one
-    # killed in the commit's points, and another takes the lock over.
-    first = [_spawn(uri, n, backend.options, f"{point}@{1 + k}", share="host")
-             for k, n in enumerate(names)]
+    # At an upload's points each dies at another hit. At the others, each at its first:
+    # whoever holds the host's lock dies there, another takes the lock over and dies there
+    # too, and so on; or each that hands a run over dies having left it (a holder commits,
+    # and a producer hands over, a few times a run: later hits may never come).
+    upload = point in ("before_upload", "after_upload")
+    first = _side_by_side(uri, backend.options, lambda: [
+        _spawn(uri, n, backend.options, f"{point}@{1 + k if upload else 1}", share="host")
+        for k, n in enumerate(names)])
     codes = [p.wait(timeout=120) for p in first]
     assert -signal.SIGKILL in codes, f"no producer reached {point}: {codes}"
     # Restarted together: each resumes from what the log holds of it (runs its killed
