@@ -24,20 +24,18 @@ holds keep anything from landing twice.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakestream.errors import ProducerFencedError
+from lakestream.errors import ProducerFencedError, StoreError
 from lakestream.producers.committer import GAP_WINDOWS, Committer, Uploaded
 from lakestream.producers.inflight import InFlight
 from lakestream.producers.options import ProducerOptions
 from lakestream.producers.stats import ProducerStats
 from lakestream.stream import Stream
 from lakestream.writing import (
-    MAX_STATE_BYTES,
     HostRuns,
     Published,
     Run,
@@ -52,14 +50,15 @@ POLL_S = 0.002
 """How often a producer of the host with runs waiting looks whether they were taken, and
 whether the lock is free; and the host's committer, once its wait is over, for runs to
 commit."""
+LEAD_POLL_S = 0.01
+"""How often, at most, the host's committer with nothing to commit looks for runs: from
+``POLL_S``, doubling while it finds none."""
 IDLE_POLL_S = 0.05
 """How often a producer of the host with nothing waiting looks whether the lock is free
 (the host's committer closed, or died, leaving others' runs)."""
 ALONE_AFTER_S = 1.0
 """A run not taken by the host's committer within twice ``max_interval_s`` (DAC's longest
 wait; 10 s by default), and at least this long, is committed by its own producer."""
-PART_BYTES = 256
-"""What a part costs the shared entry's first line besides its state."""
 
 
 @dataclass
@@ -88,18 +87,26 @@ class HostCommitter(Committer):
         self._stuck = False
         """Whether the host's committer holds the lock but takes nothing (stopped): this
         producer then commits alone, and still leaves its runs, until one is taken."""
+        self._left: str | None = None
+        """The first run it committed alone and left in the folder, while stuck: the host's
+        committer, back, removes it."""
+        self._alone_at = 0.0
+        """When, stuck, it may commit alone next."""
 
     def _run(self) -> None:
+        failed = True
         try:
             while True:
                 step = self._lead if self._runs.lead() else self._follow
                 if not step():
-                    return
+                    break
+            failed = False
         except BaseException as e:  # noqa: BLE001 - re-raised on the caller's next call
             self._inflight.fail(e)
         finally:
             self._runs.resign()
-            if self._stopping:  # aborted, or closed after a failure: not to be committed
+            if failed or self._stopping:  # failed, aborted, or closed after a failure:
+                # what it left is not to be committed (a holder may have taken it already)
                 self._runs.remove([p.name for p in self._pending if p.name is not None])
 
     # -- a producer of the host ----------------------------------------------------------
@@ -115,23 +122,42 @@ class HostCommitter(Committer):
             self._pending.append(_Pending(self._runs.publish(self._producer_id, self._epoch,
                                                              batch), batch, now))
             failpoint("after_handover")
-        if not self._pending:
-            return True
-        if any(p.name is not None and not self._runs.waiting(p.name) for p in self._pending):
-            self._stuck = False  # the host's committer takes runs
-            self._stream.refresh()
+        taken = any(p.name is not None and not self._runs.waiting(p.name)
+                    for p in self._pending)
+        if self._stuck and self._left is not None and not self._runs.waiting(self._left):
+            taken, self._stuck, self._left = True, False, None  # the host's committer is back
+        if taken:
+            try:
+                self._stream.refresh()
+            except StoreError as e:  # a store's hiccup: look again at the next poll
+                log.debug("producer %s: reading the log failed, again soon: %s",
+                          self._producer_id, e)
+                return True
             self._settle()
-        elif self._stuck or now - self._pending[0].since > self._alone_after_s:
-            if not self._stuck:
-                log.warning("producer %s: the host's committer took no run for %.0f s; "
-                            "committing alone until it does", self._producer_id,
-                            self._alone_after_s)
-            self._stuck = True
-            self._stream.commit(appending(self._stream.uri, self._producer_id, self._epoch,
-                                          [u for p in self._pending for u in p.fragments]),
-                                self._commit_options, catch_up=True)
-            self._settle()
+        elif self._pending and (self._stuck and now >= self._alone_at or
+                                now - self._pending[0].since > self._alone_after_s):
+            self._commit_alone(now)
         return True
+
+    def _commit_alone(self, now: float) -> None:
+        """Commits this producer's pending runs itself (at most ``max_fragments_per_commit``
+        fragments), the host's committer having taken none for ``_alone_after_s``; they stay
+        in the folder, so that their going tells that it is back."""
+        if not self._stuck:
+            log.warning("producer %s: the host's committer took no run for %.0f s; "
+                        "committing alone until it takes one", self._producer_id,
+                        self._alone_after_s)
+        self._stuck = True
+        if self._left is None:
+            self._left = next((p.name for p in self._pending if p.name is not None), None)
+        fragments = [u for p in self._pending for u in p.fragments][:self._batch_limit]
+        result = self._stream.commit(
+            appending(self._stream.uri, self._producer_id, self._epoch, fragments),
+            self._commit_options, catch_up=True)
+        # Paced as DAC's gap paces a lone committer, no more.
+        window = result.window_s if result is not None else 0.0
+        self._alone_at = now + max(GAP_WINDOWS * window, self._min_gap_s)
+        self._settle()
 
     def _take_ready(self, timeout: float) -> list[Uploaded] | None:
         """What is uploaded and contiguous now (perhaps nothing), after waiting up to
@@ -173,6 +199,7 @@ class HostCommitter(Committer):
     def _lead(self) -> bool:
         """One commit for the host, once DAC's wait is over and there is something to
         commit; False once stopped."""
+        poll_s = POLL_S
         while True:
             with self._cond:
                 if self._stopping:
@@ -186,31 +213,26 @@ class HostCommitter(Committer):
             found = self._runs.gather() if due else []
             if due and (any(p.name is None for p in self._pending) or found):
                 break
-            with self._cond:  # woken early by its own uploads filling half the budget
+            if due:  # nothing to commit: look again, less often the longer nothing comes
+                poll_s = min(2 * poll_s, LEAD_POLL_S)
+            with self._cond:  # woken early by its own uploads (the next seq, half the budget)
                 if not self._stopping:
-                    self._cond.wait(POLL_S if due else min(IDLE_POLL_S, max(
+                    self._cond.wait(poll_s if due else min(IDLE_POLL_S, max(
                         POLL_S, self._landed_at + max(self._wait_s, self._gap_s) - now)))
         self._commit_for_host(found)
         return True
 
     def _commit_for_host(self, found: list[Published]) -> None:
         own = [u for p in self._pending for u in p.fragments]
-        runs, fragments, state_bytes = [], 0, 0
+        runs, fragments = [], 0
         if own:
             runs.append(Run(self._producer_id, self._epoch, own[:self._batch_limit]))
             fragments = len(runs[0].fragments)
-            state_bytes = len(json.dumps(runs[0].fragments[-1].state)) + PART_BYTES
         by_producer: dict[tuple[str, int], list[Uploaded]] = {}
-        for p in found:
+        for p in found:  # sharing() leaves out what the entry cannot take
             key = (p.run.producer, p.run.epoch)
-            if key == (self._producer_id, self._epoch):
-                continue  # its own, taken above
-            if key not in by_producer:
-                if state_bytes + p.state_bytes + PART_BYTES > MAX_STATE_BYTES and runs:
-                    continue  # the next commit takes it
-                state_bytes += p.state_bytes + PART_BYTES
-                by_producer[key] = []
-            by_producer[key].extend(p.run.fragments)
+            if key != (self._producer_id, self._epoch):  # its own is taken above
+                by_producer.setdefault(key, []).extend(p.run.fragments)
         for (producer, epoch), frags in by_producer.items():
             room = self._batch_limit - fragments
             if room <= 0:

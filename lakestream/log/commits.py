@@ -17,7 +17,9 @@ from zlib_ng import zlib_ng
 
 from lakestream.checks import check_int
 from lakestream.errors import LakestreamError, ProducerFencedError, StepNotAvailableError
+from lakestream.log.actions import dump_line
 from lakestream.log.entries import (
+    MAX_INFO_BYTES,
     Append,
     Checkpoint,
     Entry,
@@ -113,30 +115,53 @@ class Run(NamedTuple):
     fragments: Sequence[Uploaded]
 
 
+SHARED_INFO_BYTES = MAX_INFO_BYTES - (8 << 10)
+"""What the parts of a shared append may take of its first line (``MAX_INFO_BYTES``), the
+rest left for the entry's own fields."""
+PART_INFO_BYTES = 320
+"""What a part takes of the first line besides its state: its producer id (at most 128
+characters), epoch, seqs and count."""
+
+
 def sharing(uri: str, host: str, runs: Sequence[Run]) -> Build:
-    """The shared append (``SharedAppend``) by ``host`` of ``runs`` (one per producer), made
-    on the state it commits on: refused on a sealed stream; a run whose producer a newer
-    epoch fenced left out, as are the seqs the log holds already and any past a gap in a
-    producer's seqs (what it uploaded before them is not here yet); nothing if no run has
+    """The shared append (``SharedAppend``) by ``host`` of ``runs`` (in order of priority),
+    made on the state it commits on: refused on a sealed stream; left out, a producer's runs
+    of an older epoch than its newest (here or in the log: fenced), the seqs the log holds
+    already, any past a gap in a producer's seqs (what it uploaded before them is not here
+    yet), a run holding a fragment no writer writes (rows not a positive multiple of the
+    group size: it would void the entry), and parts past what the entry's first line holds
+    of states (``SHARED_INFO_BYTES``: the next commit takes them); nothing if no run has
     anything left.
 
     Raises:
         StreamSealedError: the stream is sealed.
     """
+    newest: dict[str, int] = {}
+    for run in runs:
+        newest[run.producer] = max(newest.get(run.producer, run.epoch), run.epoch)
 
     def build(state: ReplayState, commit_id: str) -> Entry | None:
         refuse_if_sealed(state, uri)
-        parts, offset = [], state.next_offset
+        group = state.stream_meta.group_size
+        parts, offset, info_bytes, taken = [], state.next_offset, 0, set()
         for run in runs:
             mine = state.producers.get(run.producer)
-            if mine is not None and mine.epoch > run.epoch:
+            if run.epoch < newest[run.producer] or run.producer in taken or \
+                    mine is not None and mine.epoch > run.epoch or \
+                    any(u.rows <= 0 or u.rows % group for u in run.fragments):
                 continue
             committed = mine.seq if mine is not None else -1
             part = _part(state, run.producer, run.epoch,
                          _contiguous(run.fragments, committed), offset, commit_id)
-            if part is not None:
-                parts.append(part)
-                offset += part.rows
+            if part is None:
+                continue
+            cost = len(dump_line({"state": part.state})) + PART_INFO_BYTES
+            if info_bytes + cost > SHARED_INFO_BYTES:
+                continue
+            info_bytes += cost
+            taken.add(run.producer)
+            parts.append(part)
+            offset += part.rows
         return SharedAppend(host, tuple(parts), commit_id) if parts else None
 
     return build

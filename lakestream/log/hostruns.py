@@ -4,7 +4,7 @@ one of them that committer (docs/design.md §5, *Commits shared by a host*).
 
 Per stream, in ``<host dir>/commits/<stream>/`` (``lakestream.log.hosthead.stream_folder``):
 
-- ``runs/<epoch>-<first>-<last>-<producer>.json``: a run of one producer's uploaded
+- ``<epoch>-<first>-<last>-<producer>.json``: a run of one producer's uploaded
   fragments, contiguous seqs ``first..last``, with the state each was written with. A
   producer leaves one when its fragments are uploaded; the file is put in place whole (a
   temp file renamed), so a process killed while writing it leaves nothing read, and is
@@ -26,16 +26,20 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from lakestream.log.commits import Run, Stored, Uploaded
+from lakestream.log.entries import check_state
 from lakestream.log.hosthead import stream_folder
 from lakestream.log.keys import check_producer_id, key_writer
+from lakestream.store.parse import MAX_INT
 
 STALE_S = 3600.0
 """A run older than this is dropped rather than committed."""
@@ -48,8 +52,6 @@ class Published(NamedTuple):
 
     name: str
     run: Run
-    state_bytes: int
-    """The JSON size of its last state: a shared entry carries one state per producer."""
 
 
 class HostRuns:
@@ -57,14 +59,14 @@ class HostRuns:
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
-        self.runs = os.path.join(folder, "runs")
-        os.makedirs(self.runs, mode=0o700, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         digest = hashlib.sha256(f"{socket.gethostname()}\0{folder}".encode()).hexdigest()
         self.host = "@" + digest[:16]
         """The host's committers as one writer in the log (no producer id starts so)."""
         self._fd: int | None = None
         """The lock file, open while this process may want the lock."""
         self._leading = False
+        self._touched = -math.inf
 
     @classmethod
     def for_stream(cls, uri: str, created_ms: int) -> HostRuns | None:
@@ -90,13 +92,13 @@ class HostRuns:
                            "fragments": [[u.seq, u.key, u.rows, u.size, u.crc32, u.state]
                                          for u in fragments]},
                           allow_nan=False, separators=(",", ":")).encode()
-        path = os.path.join(self.runs, name)
+        path = os.path.join(self.folder, name)
         tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             try:
                 f = open(tmp, "wb")  # noqa: SIM115 - closed below
             except FileNotFoundError:  # the folder was removed (pruned, or by the OS)
-                os.makedirs(self.runs, mode=0o700, exist_ok=True)
+                os.makedirs(self.folder, mode=0o700, exist_ok=True)
                 f = open(tmp, "wb")  # noqa: SIM115
             with f:
                 f.write(body)
@@ -108,21 +110,23 @@ class HostRuns:
 
     def waiting(self, name: str) -> bool:
         """Whether the run ``name`` is still in the folder."""
-        return os.path.exists(os.path.join(self.runs, name))
+        return os.path.exists(os.path.join(self.folder, name))
 
     # -- the host committer's side -----------------------------------------------------
 
     def lead(self) -> bool:
         """Takes the host's commit lock if no process holds it; True if this one does."""
+        self._touch()
         if self._leading:
             return True
         if self._fd is None:
-            try:
-                self._fd = os.open(os.path.join(self.folder, "lock"), os.O_RDWR | os.O_CREAT,
-                                   0o600)
-            except OSError:
-                return False
-            _held.add(self._fd)
+            with _fork_lock:  # a child forked in between would not know to close it
+                try:
+                    self._fd = os.open(os.path.join(self.folder, "lock"),
+                                       os.O_RDWR | os.O_CREAT, 0o600)
+                except OSError:
+                    return False
+                _held.add(self._fd)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -134,12 +138,23 @@ class HostRuns:
 
     def resign(self) -> None:
         """Lets the lock go, for another producer of the host to take."""
-        if self._fd is not None:
-            _held.discard(self._fd)
-            with contextlib.suppress(OSError):
-                os.close(self._fd)  # which drops the lock
-            self._fd = None
+        with _fork_lock:
+            if self._fd is not None:
+                _held.discard(self._fd)
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)  # which drops the lock
+                self._fd = None
         self._leading = False
+
+    def _touch(self) -> None:
+        """Marks the folder in use, at most once a minute: the host prunes folders of
+        streams untouched for a day (``lakestream.log.hosthead.STALE_S``), and producers
+        that write nothing for a day still hold its lock."""
+        now = time.monotonic()
+        if now - self._touched >= 60.0:
+            self._touched = now
+            with contextlib.suppress(OSError):
+                os.utime(self.folder)
 
     def gather(self) -> list[Published]:
         """The runs in the folder, oldest seqs first per producer; those older than
@@ -148,7 +163,7 @@ class HostRuns:
         found: list[Published] = []
         now = time.time()
         try:
-            entries = list(os.scandir(self.runs))
+            entries = list(os.scandir(self.folder))
         except OSError:
             return found
         for entry in entries:
@@ -158,7 +173,8 @@ class HostRuns:
                     if ".tmp-" in name and now - entry.stat().st_mtime > 60:
                         os.unlink(entry.path)
                 continue
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError, IndexError):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError, IndexError,
+                                     RecursionError):
                 st = entry.stat()
                 if now - st.st_mtime > STALE_S:
                     os.unlink(entry.path)
@@ -174,7 +190,7 @@ class HostRuns:
     def remove(self, names: Sequence[str]) -> None:
         for name in names:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.runs, name))
+                os.unlink(os.path.join(self.folder, name))
 
 
 def _published(name: str, doc: dict[str, Any]) -> Published:
@@ -192,14 +208,21 @@ def _published(name: str, doc: dict[str, Any]) -> Published:
     for i, u in enumerate(fragments):
         if key_writer(u.key) != (producer, epoch, u.seq) or \
                 u.seq != fragments[0].seq + i or not all(
-                    type(v) is int and v >= 0 for v in (u.rows, u.size, u.seq)):
+                    type(v) is int and low <= v <= high
+                    for v, low, high in ((u.rows, 1, MAX_INT), (u.size, 0, MAX_INT),
+                                         (u.seq, 0, MAX_INT), (u.crc32, -1, 0xFFFFFFFF))):
             raise ValueError(f"{name} is not a run its producer wrote")
-    state_bytes = len(json.dumps(fragments[-1].state))
-    return Published(name, Run(producer, epoch, fragments), state_bytes)
+        check_state(u.state)
+    return Published(name, Run(producer, epoch, fragments))
 
 
 _held: set[int] = set()
 """The lock files this process has open (one per producer sharing its host's commits)."""
+
+
+_fork_lock = threading.Lock()
+"""Held while a lock file is opened or closed, and across a fork, so that a child knows
+every lock file its parent had open."""
 
 
 def _release_in_child() -> None:
@@ -210,6 +233,8 @@ def _release_in_child() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     _held.clear()
+    _fork_lock.release()
 
 
-os.register_at_fork(after_in_child=_release_in_child)
+os.register_at_fork(before=_fork_lock.acquire, after_in_parent=_fork_lock.release,
+                    after_in_child=_release_in_child)

@@ -204,19 +204,56 @@ def test_a_shared_append_leaves_out_fenced_runs_committed_seqs_and_runs_past_a_g
         build(state, "cid3")
 
 
+def test_a_shared_append_takes_a_producer_s_newest_epoch_and_what_its_first_line_holds(
+) -> None:
+    from lakestream.log.codec import encode_entry
+    from lakestream.log.entries import MAX_STATE_BYTES
+
+    meta_log = lakestream.log.entries
+    state = ReplayState()
+    state.apply(0, meta_log.Create(meta_log.StreamMeta(SCHEMA, 2, 2, table_id="t",
+                                                        created_ms=0)))
+    big = "x" * (MAX_STATE_BYTES // 3)
+
+    def run(p: str, epoch: int, rows: int = 2, st: object = None) -> Run:
+        return Run(p, epoch, [Stored(f"data/{p}/{epoch}-0-x.parquet", rows, 10, 0, 0, st)])
+
+    # A producer killed with runs left, reopened at a newer epoch before the holder's view
+    # saw its fence: two epochs of one producer, one part (the newest); a run of a fragment
+    # no writer writes (rows not a multiple of G) would void the entry: left out; states
+    # past what the first line holds: left for the next commit.
+    entry = sharing("s", "@h", [run("a", 3), run("a", 4), run("b", 1, rows=3),
+                                *(run(f"c{k}", 1, st=big) for k in range(4))])(state, "cid")
+    assert isinstance(entry, SharedAppend)
+    assert [(p.producer, p.epoch) for p in entry.parts] == [
+        ("a", 4), ("c0", 1), ("c1", 1), ("c2", 1)]
+    encode_entry(entry)  # readers take it: its first line is within MAX_INFO_BYTES
+
+
 def test_the_host_folder_trusts_only_whole_runs_of_the_producer_they_name(
         tmp_path: Path) -> None:
     runs = HostRuns(str(tmp_path / "h"))
     good = runs.publish("a", 1, [Stored("data/a/1-0-x.parquet", 2, 10, 0, 7, None),
                                  Stored("data/a/1-1-x.parquet", 2, 10, 1, 7, {"n": 2})])
-    (Path(runs.runs) / "torn.json.tmp-1-abc").write_bytes(b'{"producer": "a"')
-    (Path(runs.runs) / "1-0-0-b.json").write_text(json.dumps(
+    (Path(runs.folder) / "torn.json.tmp-1-abc").write_bytes(b'{"producer": "a"')
+    (Path(runs.folder) / "1-0-0-b.json").write_text(json.dumps(
         {"producer": "b", "epoch": 1, "fragments": [[0, "data/a/1-0-x.parquet", 2, 10, 7, None]]}))
-    (Path(runs.runs) / "1-0-0-c.json").write_text("{")
+    (Path(runs.folder) / "1-0-0-c.json").write_text("{")
+    # Damaged in ways that would make a holder write an entry readers refuse, or fail.
+    bad = {"rows 0": [0, "data/d/1-0-x.parquet", 0, 10, 7, None],
+           "crc as text": [0, "data/d/1-0-x.parquet", 2, 10, "7", None],
+           "size past int64": [0, "data/d/1-0-x.parquet", 2, 2**63, 7, None],
+           "NaN state": [0, "data/d/1-0-x.parquet", 2, 10, 7, float("nan")]}
+    for k, fragment in enumerate(bad.values()):
+        (Path(runs.folder) / f"1-0-{k}-d.json").write_text(json.dumps(
+            {"producer": "d", "epoch": 1, "fragments": [fragment]}))
+    (Path(runs.folder) / "1-0-9-d.json").write_text(
+        '{"producer": "d", "epoch": 1, "fragments": [[0, "data/d/1-0-x.parquet", 2, 10, 7, '
+        + "[" * 100_000 + "]" * 100_000 + "]]}")
     found = runs.gather()
     assert [p.name for p in found] == [good]
     assert found[0].run.fragments[-1].state == {"n": 2}
-    old = Path(runs.runs) / good
+    old = Path(runs.folder) / good
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     assert runs.gather() == [] and not old.exists()  # too old to commit: removed
 
