@@ -48,14 +48,11 @@ log = logging.getLogger("lakestream")
 
 POLL_S = 0.002
 """How often a producer of the host with runs waiting looks whether they were taken, and
-whether the lock is free; and the host's committer, once its wait is over, for runs to
-commit."""
-LEAD_POLL_S = 0.01
-"""How often, at most, the host's committer with nothing to commit looks for runs: from
-``POLL_S``, doubling while it finds none."""
+whether the lock is free."""
 IDLE_POLL_S = 0.05
 """How often a producer of the host with nothing waiting looks whether the lock is free
-(the host's committer closed, or died, leaving others' runs)."""
+(the host's committer closed, or died, leaving others' runs); and the host's committer,
+once its wait is over, for runs no poke told it of."""
 ALONE_AFTER_S = 1.0
 """A run not taken by the host's committer within twice ``max_interval_s`` (DAC's longest
 wait; 10 s by default), and at least this long, is committed by its own producer."""
@@ -93,6 +90,14 @@ class HostCommitter(Committer):
         self._alone_at = 0.0
         """When, stuck, it may commit alone next."""
 
+    def ready(self, fragment: Uploaded) -> None:
+        super().ready(fragment)
+        self._runs.poke()  # the host's committer, if it is this one, waits on pokes
+
+    def stop(self) -> None:
+        super().stop()
+        self._runs.poke()
+
     def _run(self) -> None:
         failed = True
         try:
@@ -121,6 +126,7 @@ class HostCommitter(Committer):
         if batch:
             self._pending.append(_Pending(self._runs.publish(self._producer_id, self._epoch,
                                                              batch), batch, now))
+            self._runs.poke()
             failpoint("after_handover")
         taken = any(p.name is not None and not self._runs.waiting(p.name)
                     for p in self._pending)
@@ -199,7 +205,6 @@ class HostCommitter(Committer):
     def _lead(self) -> bool:
         """One commit for the host, once DAC's wait is over and there is something to
         commit; False once stopped."""
-        poll_s = POLL_S
         while True:
             with self._cond:
                 if self._stopping:
@@ -213,11 +218,12 @@ class HostCommitter(Committer):
             found = self._runs.gather() if due else []
             if due and (any(p.name is None for p in self._pending) or found):
                 break
-            if due:  # nothing to commit: look again, less often the longer nothing comes
-                poll_s = min(2 * poll_s, LEAD_POLL_S)
-            with self._cond:  # woken early by its own uploads (the next seq, half the budget)
+            if due:  # nothing to commit: until a producer (or its own upload) pokes
+                self._runs.wait(IDLE_POLL_S)
+                continue
+            with self._cond:  # woken early by its own uploads filling half the budget
                 if not self._stopping:
-                    self._cond.wait(poll_s if due else min(IDLE_POLL_S, max(
+                    self._cond.wait(min(IDLE_POLL_S, max(
                         POLL_S, self._landed_at + max(self._wait_s, self._gap_s) - now)))
         self._commit_for_host(found)
         return True

@@ -14,6 +14,11 @@ Per stream, in ``<host dir>/commits/<stream>/`` (``lakestream.log.hosthead.strea
 - ``lock``: the host's committer holds an ``flock`` on it for as long as it commits for
   the host. The kernel drops it when that process dies, and another producer takes it.
 
+The committer also binds a datagram socket, named (in Linux's abstract namespace: no file)
+after the folder, which a producer pokes when it leaves a run, so that the committer waits
+for runs without looking for them; a poke lost, or a socket not bound, costs only the
+committer's slower look (``wait``'s timeout).
+
 A run older than ``STALE_S`` is removed, not committed: gc keeps a live producer's uploads
 for a day (``lakestream.log.gc.IN_FLIGHT_MIN_AGE_S``), never less, so a run is committed
 only while its files are sure to be there.
@@ -28,6 +33,7 @@ import hashlib
 import json
 import math
 import os
+import select
 import socket
 import threading
 import time
@@ -67,6 +73,10 @@ class HostRuns:
         """The lock file, open while this process may want the lock."""
         self._leading = False
         self._touched = -math.inf
+        self._wake_name = b"\0lakestream-commits-" + digest[16:48].encode()
+        self._wake: socket.socket | None = None
+        self._poker = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._poker.setblocking(False)
 
     @classmethod
     def for_stream(cls, uri: str, created_ms: int) -> HostRuns | None:
@@ -108,6 +118,11 @@ class HostRuns:
                 os.unlink(tmp)
         return name
 
+    def poke(self) -> None:
+        """Tells the host's committer that a run waits (nothing if none listens)."""
+        with contextlib.suppress(OSError):
+            self._poker.sendto(b"!", self._wake_name)
+
     def waiting(self, name: str) -> bool:
         """Whether the run ``name`` is still in the folder."""
         return os.path.exists(os.path.join(self.folder, name))
@@ -136,9 +151,33 @@ class HostRuns:
         self._leading = True
         return True
 
+    def wait(self, timeout: float) -> None:
+        """Waits, as the host's committer, until a producer pokes (or ``timeout``), then
+        takes every poke waiting; sleeps ``timeout`` if the socket cannot be bound."""
+        if self._wake is None:
+            with _fork_lock:
+                wake = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                try:
+                    wake.bind(self._wake_name)
+                except OSError:  # another process's (one that lost the lock, not closed)
+                    wake.close()
+                    time.sleep(timeout)
+                    return
+                wake.setblocking(False)
+                self._wake = wake
+                _held.add(wake.fileno())
+        select.select([self._wake], [], [], timeout)
+        with contextlib.suppress(OSError):
+            while self._wake.recv(64):
+                pass
+
     def resign(self) -> None:
         """Lets the lock go, for another producer of the host to take."""
         with _fork_lock:
+            if self._wake is not None:
+                _held.discard(self._wake.fileno())
+                self._wake.close()
+                self._wake = None
             if self._fd is not None:
                 _held.discard(self._fd)
                 with contextlib.suppress(OSError):
@@ -217,7 +256,8 @@ def _published(name: str, doc: dict[str, Any]) -> Published:
 
 
 _held: set[int] = set()
-"""The lock files this process has open (one per producer sharing its host's commits)."""
+"""The lock files (one per producer sharing its host's commits) and wake-up sockets (one per
+host committer) this process has open."""
 
 
 _fork_lock = threading.Lock()
@@ -226,9 +266,9 @@ every lock file its parent had open."""
 
 
 def _release_in_child() -> None:
-    """A forked child shares its parent's locks: it closes its copies, or the host's
-    producers would find a lock held for as long as the child lives, though the parent is
-    gone."""
+    """A forked child shares its parent's locks and sockets: it closes its copies, or the
+    host's producers would find a lock held, and poke a socket nobody reads, for as long as
+    the child lives, though the parent is gone."""
     for fd in list(_held):
         with contextlib.suppress(OSError):
             os.close(fd)

@@ -302,3 +302,20 @@ def test_a_shared_append_naming_another_writer_s_file_is_void(monkeypatch) -> No
     forged = codec.encode_entry(SharedAppend("@h", (part, other)))
     monkeypatch.undo()
     assert isinstance(codec.decode_entry(7, forged), Refused)
+
+
+def test_the_host_committer_wakes_when_a_producer_leaves_a_run(tmp_path: Path) -> None:
+    import threading
+
+    holder, producer = HostRuns(str(tmp_path / "h")), HostRuns(str(tmp_path / "h"))
+    producer.poke()  # nobody listens yet: nothing happens
+    assert holder.lead()
+    holder.wait(0.001)  # binds its socket; the poke above was never queued
+    started = time.monotonic()
+    holder.wait(0.2)
+    assert time.monotonic() - started >= 0.15  # nothing pokes: the timeout
+    threading.Timer(0.05, producer.poke).start()
+    started = time.monotonic()
+    holder.wait(10.0)
+    assert time.monotonic() - started < 5.0
+    holder.resign()
