@@ -18,7 +18,8 @@ fetching, so processes that miss at once fetch once: the others wait, then read 
 The entries hold at most ``limit`` bytes on disk: an insert that would pass it first deletes
 the entries their readers' plans will not read again (``final``: a stream's only pass, the
 last epoch of a mix), those read last time longest ago first, then the least recently used
-(a hit touches its entry). A read for the last time sets the entry's time ``DONE_AGE_S``
+(a hit touches its entry); where fills under way hold the room, the fragment is served and
+not kept. A read for the last time sets the entry's time ``DONE_AGE_S``
 back, so one order serves both, across processes: such an entry sorts before any in use.
 
 Only fragments fetched whole go through it (up to 8 MB, or up to 256 MB when a read wants
@@ -186,7 +187,9 @@ class DiskCache:
         ``RESCAN_INSERTS`` the usage is counted again from the disk. A reservation's
         temporary file (``placeholder``, named with its size) is made under the lock, so
         that a count of the disk by another process, before the bytes are written, sees
-        the room it holds. False if the cache's disk fails."""
+        the room it holds. False if the cache's disk fails, or if a reservation finds no
+        room once all it may evict is gone (fills under way hold the rest: many processes
+        filling at once under a small limit), and the fragment is served, not kept."""
         lock = self._lock("usage")
         if lock is None:
             return False
@@ -200,6 +203,9 @@ class DiskCache:
                     usage = self._evict(min(room, int(self.limit * LOW_WATER)) if over
                                         else room)
                     inserts = 0
+                    if usage > room:  # fills under way hold the rest: not kept
+                        self._set_usage(usage, inserts)
+                        return False
             if placeholder is not None:
                 os.makedirs(os.path.dirname(placeholder), exist_ok=True)
                 os.close(os.open(placeholder, os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -368,8 +374,19 @@ def _files(root: str) -> Iterator[tuple[str, Any]]:
             continue
         for name in filenames:
             path = os.path.join(dirpath, name)
-            with contextlib.suppress(FileNotFoundError):
-                yield path, os.stat(path)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                if _TMP not in name:
+                    continue  # evicted meanwhile
+                # A fill renamed into place since the listing, perhaps too late to be
+                # listed under its own name: counted under it (twice at worst, never not).
+                path = path[:path.rindex(_TMP)]
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue
+            yield path, st
 
 
 def _stripe(path: str) -> int:

@@ -133,6 +133,35 @@ def test_the_entries_stay_within_the_limit_least_recently_used_first(tmp_path: P
     assert sum(p.stat().st_size for p in _entries(tmp_path)) <= limit
 
 
+def test_fills_under_way_that_hold_the_room_keep_a_fetch_from_passing_the_limit(
+        tmp_path: Path) -> None:
+    limit = 3 * 4096
+    cache, loads = DiskCache(str(tmp_path), limit), []
+    # Three other processes are filling entries of a page each (their reservations' temp
+    # files, named with their sizes): nothing is left to evict for a fourth.
+    folder = tmp_path / "fills"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"data~{4000 + i}-0000000{i}.tmp-{90_000 + i}-abcdef0{i}").touch()
+    body = os.urandom(4000)
+    assert _fetch(cache, body, loads) == body  # served
+    assert len(loads) == 1 and len(_entries(tmp_path)) == 3  # not kept: the fills' only
+
+
+def test_a_fill_renamed_while_the_cache_is_counted_is_counted(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    from lakestream.store import diskcache
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "data~10-00000000").write_bytes(b"x" * 10)
+    listed = [(str(tmp_path), ["s"], []),
+              (str(folder), [], ["data~10-00000000.tmp-1-abcdef01"])]  # before its rename
+    monkeypatch.setattr(diskcache.os, "walk", lambda root: iter(listed))
+    assert [(Path(p).name, st.st_size) for p, st in diskcache._files(str(tmp_path))] == [
+        ("data~10-00000000", 10)]
+
+
 @pytest.mark.parametrize("on", ["hit", "miss"])
 def test_an_entry_read_for_the_last_time_goes_before_the_least_recently_used(
         tmp_path: Path, on: str) -> None:
