@@ -180,19 +180,7 @@ class HostHead:
         return os.path.join(self.folder, f"{version:020d}.json")
 
     def _put(self, path: str, data: bytes) -> None:
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            try:
-                f = open(tmp, "wb")  # noqa: SIM115 - closed below
-            except FileNotFoundError:  # the folder was removed (pruned, or by the OS)
-                os.makedirs(os.path.join(self.folder, "locks"), mode=0o700, exist_ok=True)
-                f = open(tmp, "wb")  # noqa: SIM115
-            with f:
-                f.write(data)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        put_whole(path, data, os.path.join(self.folder, "locks"))
 
     def _trim(self, below: int) -> None:
         """Removes the entries of versions below ``below`` and temp files a minute old."""
@@ -220,6 +208,29 @@ def _release_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_release_in_child)
+
+
+def put_whole(path: str, data: bytes, folder: str) -> None:
+    """Puts ``data`` at ``path`` whole: written under a temporary name, then renamed, so a
+    process killed meanwhile leaves nothing read there. ``folder`` (holding ``path``) is made
+    again if it was removed (pruned, or by the OS).
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        try:
+            f = open(tmp, "wb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            f = open(tmp, "wb")  # noqa: SIM115
+        with f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def stream_folder(kind: str, uri: str, created_ms: int) -> str | None:

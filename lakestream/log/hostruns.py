@@ -37,13 +37,12 @@ import select
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from lakestream.log.commits import Run, Stored, Uploaded
 from lakestream.log.entries import check_state
-from lakestream.log.hosthead import stream_folder
+from lakestream.log.hosthead import put_whole, stream_folder
 from lakestream.log.keys import check_producer_id, key_writer
 from lakestream.store.parse import MAX_INT
 
@@ -102,20 +101,7 @@ class HostRuns:
                            "fragments": [[u.seq, u.key, u.rows, u.size, u.crc32, u.state]
                                          for u in fragments]},
                           allow_nan=False, separators=(",", ":")).encode()
-        path = os.path.join(self.folder, name)
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            try:
-                f = open(tmp, "wb")  # noqa: SIM115 - closed below
-            except FileNotFoundError:  # the folder was removed (pruned, or by the OS)
-                os.makedirs(self.folder, mode=0o700, exist_ok=True)
-                f = open(tmp, "wb")  # noqa: SIM115
-            with f:
-                f.write(body)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        put_whole(os.path.join(self.folder, name), body, self.folder)
         return name
 
     def poke(self) -> None:

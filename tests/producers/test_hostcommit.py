@@ -45,21 +45,31 @@ def _entries(uri: str) -> Counter[str]:
 def _side_by_side(uri: str, options: dict[str, str] | None,
                   spawn: Callable[[], list[subprocess.Popen[str]]]) -> list[subprocess.Popen[str]]:
     """The processes ``spawn`` starts, held from committing (the test holds the host's
-    lock) until all have opened: started one after another, each could finish alone before
-    the next opened, and never hand over a run."""
+    lock) until each has left a run for the host, or one has exited: started one after
+    another, each could write everything and commit it alone before the next began."""
     s = lakestream.open(uri, storage_options=options)
     runs = HostRuns.for_stream(s.uri, s.meta.created_ms)
     assert runs is not None and runs.lead()
     procs = spawn()
     try:
         deadline = time.monotonic() + 60
-        while len(s.producers) < len(procs) and time.monotonic() < deadline and \
-                all(p.poll() is None for p in procs):
-            time.sleep(0.02)
-            s.refresh()
+        while len({p.run.producer for p in runs.gather()}) < len(procs) and \
+                time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.01)
     finally:
         runs.resign()
     return procs
+
+
+def _layout(uri: str) -> list[str]:
+    s = lakestream.open(uri)
+    out = []
+    for v in range(1, s.version + 1):
+        e = read_entry(s.store, v)
+        out.append(f"{v}:{type(e).__name__}:" + (",".join(
+            f"{p.producer}[{p.first_seq}-{p.last_seq}]" for p in e.parts)
+            if isinstance(e, SharedAppend) else ""))
+    return out
 
 
 def _finish(procs: list, timeout: float = 120) -> list[dict]:
@@ -84,7 +94,7 @@ def test_producer_processes_of_a_host_share_commits_each_with_its_own_seqs_and_s
     # count is taken at its flush: it may commit for the others after it); entries carry
     # several producers' parts.
     assert kinds["Append"] == 0 and kinds["shared"] >= sum(st["commits"] for st in stats)
-    assert kinds["parts"] > kinds["shared"]
+    assert kinds["parts"] > kinds["shared"], " ".join(_layout(uri))
     assert sum(st["fragments"] for st in stats) == 4 * total
     # Delta readers see every row, and each producer's own transaction version.
     dt = deltalake.DeltaTable(uri)
