@@ -1,8 +1,9 @@
 """A simulation of DAC (``lakestream.producers.policy``, ``Committer``): producers sharing one
 log in simulated time, each a real ``IntervalController`` pacing commits against a store whose
-requests take a given latency. The policy tests assert its behaviour; ``main`` sizes what a
-commit shared by a host's producers would give against a commit per producer, and against a
-commit per producer taken in turns under a lock per host, before either is built.
+requests take a given latency. The policy tests assert its behaviour; ``main`` sizes a commit
+shared by a host's producers (``ProducerOptions(share_commits="host")``) against a commit per
+producer, against a commit per producer taken in turns under a lock per host, and against
+hosts whose commits carry each other's runs, handed over through the store (not built).
 
 Usage: .venv/bin/python -m bench.dac [--hosts 2 8 32] [--per-host 8] [--latency 0.045]
        [--write-every 0.1] [--windows 4000] [--out dac.json]
@@ -56,7 +57,8 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
               inflight: int = ProducerOptions().max_inflight_fragments,
               max_s: float = ProducerOptions().max_interval_s,
               gap_windows: float = GAP_WINDOWS, seed: int = 1,
-              others_stop_at: float | None = None, host_lock: int = 0) -> Run:
+              others_stop_at: float | None = None, host_lock: int = 0,
+              pooled: bool = False) -> Run:
     """``producers`` committers sharing one log for ``windows`` commit latencies, in
     simulated time. Each models ``Committer.run`` and ``Committer._take``: a real
     ``IntervalController`` fed each commit's window and the distinct producers whose entries
@@ -73,43 +75,56 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
     With ``host_lock`` = n, producers k and k' with k // n == k' // n share a host whose
     lock a commit holds from its catch-up read to its landing (lost races included): the
     host's producers never race each other, and, counting only rivals of other hosts, do not
-    pace themselves against each other; each still commits its own fragments."""
+    pace themselves against each other; each still commits its own fragments.
+
+    With ``pooled``, every committer's commit also carries every other committer's
+    fragments that were in the store as runs when it started: a fragment is listed once a
+    request after its write (its run's PUT), and a commit lists them and reads them (two
+    more requests, the reads in parallel) after its catch-up; a sketch of hosts handing runs
+    to each other through the store."""
     rng = random.Random(seed)
     retry = ProducerOptions().commit
     run = Run(fragments=[0] * producers)
     head = 0  # the log's latest version
     held: dict[int, int | None] = {}  # host -> the producer holding its lock
     queued: dict[int, deque[int]] = {}  # host -> producers waiting for it, in order
+    done = [0] * producers  # fragments committed, per committer
+    waiting_runs: list[deque[float]] = [deque() for _ in range(producers)]
+    """When each fragment of each committer not yet committed was written."""
 
     def leg() -> float:  # one way of a request
         return latency / 2 * rng.uniform(0.5, 1.5)
 
+    produced = [0.0] * producers  # each writer's output so far, in fragments
+    last = [0.0] * producers  # when it was counted
+
+    def write(k: int, now: float) -> float:  # writer k's output up to now, at the budget
+        return min(done[k] + inflight, produced[k] + (now - last[k]) / write_every)
+
+    def advance(k: int, now: float) -> None:  # writer k's output up to now, each noted
+        if now < last[k]:
+            return  # counted past it already
+        out = write(k, now)
+        for n in range(int(produced[k] + 1e-9) + 1, int(out + 1e-9) + 1):
+            waiting_runs[k].append(min(now, last[k] + (n - produced[k]) * write_every))
+        produced[k], last[k] = out, now
+
     def committer(k: int) -> Generator[float, float, None]:
         nonlocal head
         controller = IntervalController(max_s=max_s, rng=random.Random(k))
-        produced, last = rng.random(), 0.0  # the writer, at a random phase
-        committed = seen = 0  # fragments committed; the version this producer has read
+        produced[k], last[k] = rng.random(), 0.0  # the writer, at a random phase
+        seen = 0  # the version this producer has read
         wait_s = gap_s = 0.0
         contended = False
-
-        def write(now: float) -> float:  # the writer's output up to now, at the budget
-            return min(committed + inflight, produced + (now - last) / write_every)
-
-        written: deque[float] = deque()  # when each fragment not yet committed was written
-
-        def advance(now: float) -> float:  # the writer's output up to now, each noted
-            out = write(now)
-            for n in range(int(produced + 1e-9) + 1, int(out + 1e-9) + 1):
-                written.append(min(now, last + (n - produced) * write_every))
-            return out
+        written = waiting_runs[k]
 
         landed: float | None = None
         now = yield rng.uniform(0, latency)
         while others_stop_at is None or k == 0 or now < others_stop_at:
             # _take: the next fragment once wait_s is over, or once half the budget is
             # uploaded, but not before gap_s.
-            produced, last = advance(now), now
-            short = committed - produced  # n fragments are uploaded at now + (short + n) * ...
+            advance(k, now)
+            short = done[k] - produced[k]  # n fragments are uploaded at now + (short + n) * ...
             first = now + max(0.0, short + 1) * write_every
             half = now + max(0.0, short + max(1, inflight // 2)) * write_every
             now = yield max(first, min(now + max(wait_s, gap_s), max(now + gap_s, half)))
@@ -121,13 +136,16 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
                     now = yield now + latency / 20
                 waiting.popleft()
                 held[host] = k
-            produced, last = advance(now), now
-            batch = int(produced + 1e-9) - committed
+            advance(k, now)
+            batch, taken_before = int(produced[k] + 1e-9) - done[k], done[k]
             before, conflicts = seen, 0
             if wait_s > 0 or contended or landed is None or host_lock:  # catch up
                 now = yield now + leg()
                 seen = head
                 now = yield now + leg()
+            listed = now - latency  # the others' runs it will find
+            if pooled:  # list them, then read them (in parallel): two more requests
+                now = yield now + 4 * leg()
             while True:
                 t_attempt = now
                 now = yield now + leg()
@@ -159,11 +177,19 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
             landed = now
             wait_s = controller.observe(window, rivals)
             gap_s = gap_windows * window
-            produced, last = advance(now), now
-            committed += batch
+            advance(k, now)
+            batch = max(0, batch - (done[k] - taken_before))  # another's pooled commit took some
+            done[k] += batch
             run.latencies += [now - written.popleft() for _ in range(batch)]
             run.fragments[k] += batch
             run.landings.append((now, k))
+            for j in range(producers) if pooled else ():
+                if j != k:
+                    advance(j, listed)
+                while j != k and waiting_runs[j] and waiting_runs[j][0] <= listed:
+                    run.latencies.append(now - waiting_runs[j].popleft())
+                    done[j] += 1
+                    run.fragments[j] += 1
 
     procs = [committer(k) for k in range(producers)]
     queue = [(next(p), k) for k, p in enumerate(procs)]
@@ -186,17 +212,19 @@ def compare(hosts: int, per_host: int, latency: float, write_every: float, windo
             seed: int = 1) -> dict[str, Any]:
     """Latency from write to commit, the second half of a run, with a committer per
     producer (``hosts * per_host`` of them), the same taking turns under a lock per host,
-    and one committer per host."""
+    one committer per host, and one per host whose commits carry every host's runs."""
     inflight = ProducerOptions().max_inflight_fragments
     out: dict[str, Any] = {"hosts": hosts, "per_host": per_host, "latency_s": latency,
                            "write_every_s": write_every}
-    for name, committers, every, budget, lock in (
-            ("per producer", hosts * per_host, write_every, inflight, 0),
+    for name, committers, every, budget, lock, pooled in (
+            ("per producer", hosts * per_host, write_every, inflight, 0, False),
             ("per producer, a lock per host", hosts * per_host, write_every, inflight,
-             per_host),
-            ("per host", hosts, write_every / per_host, inflight * per_host, 0)):
+             per_host, False),
+            ("per host", hosts, write_every / per_host, inflight * per_host, 0, False),
+            ("per host, runs pooled through the store", hosts, write_every / per_host,
+             inflight * per_host, 0, True)):
         run = simulate(committers, latency, write_every=every, windows=windows,
-                       inflight=budget, seed=seed, host_lock=lock)
+                       inflight=budget, seed=seed, host_lock=lock, pooled=pooled)
         late = run.latencies[len(run.latencies) // 2:]
         out[name] = {"p50_s": percentile(late, 0.5), "p99_s": percentile(late, 0.99),
                      "commits_per_s": len(run.landings) / (windows * latency),
