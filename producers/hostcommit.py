@@ -92,11 +92,13 @@ class HostCommitter(Committer):
 
     def ready(self, fragment: Uploaded) -> None:
         super().ready(fragment)
-        self._runs.poke()  # the host's committer, if it is this one, waits on pokes
+        if self._runs.leading:  # it waits on pokes; a producer of the host pokes it once
+            self._runs.poke()   # the run is left
 
     def stop(self) -> None:
         super().stop()
-        self._runs.poke()
+        if self._runs.leading:
+            self._runs.poke()
 
     def _run(self) -> None:
         failed = True

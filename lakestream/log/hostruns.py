@@ -115,6 +115,11 @@ class HostRuns:
 
     # -- the host committer's side -----------------------------------------------------
 
+    @property
+    def leading(self) -> bool:
+        """Whether this process holds the host's commit lock through this folder."""
+        return self._leading
+
     def lead(self) -> bool:
         """Takes the host's commit lock if no process holds it; True if this one does."""
         self._touch()
