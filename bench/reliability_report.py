@@ -61,6 +61,10 @@ def main() -> None:
         "SeaweedFS server, injecting 503, 500, 409, resets, lost replies and slow replies.",
         "- `tests/producers/test_crash.py`: 3 producer processes SIGKILLed at each failpoint, "
         "on the local store and on S3, then restarted until done.",
+        "- `tests/producers/test_hostcommit.py`: 3 producer processes sharing their host's "
+        "commits (`share_commits=\"host\"`), SIGKILLed at each failpoint and after leaving a "
+        "run for the host's committer, whoever commits for the host among them, then restarted "
+        "together (`host-` in the crash runs above).",
         "- `test_corruption_fuzz.py`: bit flips, truncations and emptied objects in log "
         "entries, snapshot manifests, index segments and fragments.",
         "- `test_model.py`: a hypothesis state machine (produce, crash, restart, lost ack, "

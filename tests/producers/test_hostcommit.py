@@ -24,7 +24,7 @@ from lakestream.log.hostruns import HostRuns
 from lakestream.log.replay import ReplayState
 from lakestream.log.tail import read_entry
 from lakestream.producers import Producer, ProducerOptions
-from tests.conftest import SOAK
+from tests.conftest import SOAK, seeds
 from tests.helpers import SCHEMA, rows
 from tests.producers.test_crash import FRAGMENTS, _expected, _gapless, _spawn, _stream_ids
 
@@ -129,9 +129,10 @@ HOST_MATRIX = [(store, point) for point in HOST_NAMES for store in ("local", "s3
                if SOAK or store == "local"]
 
 
+@pytest.mark.parametrize("seed", seeds(1, 3))
 @pytest.mark.parametrize(("backend", "point"), HOST_MATRIX, indirect=["backend"])
 def test_a_host_committer_killed_at_every_failpoint_loses_and_duplicates_nothing(
-        backend, point: str, tally: Counter[str]) -> None:
+        backend, point: str, seed: int, tally: Counter[str]) -> None:
     uri = backend.uri()
     lakestream.create(uri, SCHEMA, global_batch_size=2, snapshot_interval=2,
                       storage_options=backend.options)
@@ -140,9 +141,10 @@ def test_a_host_committer_killed_at_every_failpoint_loses_and_duplicates_nothing
     # whoever holds the host's lock dies there, another takes the lock over and dies there
     # too, and so on; or each that hands a run over dies having left it (a holder commits,
     # and a producer hands over, a few times a run: later hits may never come).
-    upload = point in ("before_upload", "after_upload")
+    upload = point in ("before_upload", "after_upload")  # each seed moves those kills
     first = _side_by_side(uri, backend.options, lambda: [
-        _spawn(uri, n, backend.options, f"{point}@{1 + k if upload else 1}", share="host")
+        _spawn(uri, n, backend.options,
+               f"{point}@{1 + (k + 3 * seed) % 10 if upload else 1}", share="host")
         for k, n in enumerate(names)])
     codes = [p.wait(timeout=120) for p in first]
     assert -signal.SIGKILL in codes, f"no producer reached {point}: {codes}"
@@ -154,7 +156,8 @@ def test_a_host_committer_killed_at_every_failpoint_loses_and_duplicates_nothing
     final = lakestream.open(uri, storage_options=backend.options).producers
     assert all(final[n][2] == {"next": FRAGMENTS} for n in names)
     _gapless(uri, backend.options)
-    tally["host_crash_runs"] += 1
+    tally["crash_runs"] += 1
+    tally[f"crash_runs.host-{backend.name}.{point}"] += 1
     tally["crash_kills"] += codes.count(-signal.SIGKILL)
     tally["samples_checked"] += 3 * FRAGMENTS * 2
 
