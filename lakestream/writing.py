@@ -10,21 +10,21 @@ from __future__ import annotations
 
 from lakestream.checks import check_int
 from lakestream.failpoints import failpoint
-from lakestream.log.commits import Run, appending, fencing, sharing
+from lakestream.log.commits import Run, appending, fencing, refuse_if_fenced, sharing
 from lakestream.log.entries import MAX_FRAGMENTS_PER_ENTRY, MAX_STATE_BYTES, Fence, check_state
 from lakestream.log.fragments import check_rows, encode_fragment, put_fragment, row_group_target
 from lakestream.log.hostruns import HostRuns, Published
 from lakestream.log.keys import check_group, check_producer_id, fragment_key
-from lakestream.log.outcomes import CommitOptions
+from lakestream.log.outcomes import CommitOptions, CommitResult
 from lakestream.log.progress import Progress, read_progress
 from lakestream.log.replay import refuse_if_sealed
 from lakestream.schema.conform import conform, oversized_sample, warm_conversion
 from lakestream.store import is_remote
 from lakestream.store.base import ObjectStore
 
-__all__ = ["MAX_FRAGMENTS_PER_ENTRY", "MAX_STATE_BYTES", "CommitOptions", "Fence", "HostRuns",
-           "ObjectStore", "Progress", "Published", "Run", "appending", "check_group", "check_int",
-           "check_producer_id", "check_rows",
-           "check_state", "conform", "encode_fragment", "failpoint", "fencing", "fragment_key",
-           "is_remote", "oversized_sample", "put_fragment", "read_progress", "refuse_if_sealed",
-           "row_group_target", "sharing", "warm_conversion"]
+__all__ = ["MAX_FRAGMENTS_PER_ENTRY", "MAX_STATE_BYTES", "CommitOptions", "CommitResult", "Fence",
+           "HostRuns", "ObjectStore", "Progress", "Published", "Run", "appending", "check_group",
+           "check_int", "check_producer_id", "check_rows", "check_state", "conform",
+           "encode_fragment", "failpoint", "fencing", "fragment_key", "is_remote",
+           "oversized_sample", "put_fragment", "read_progress", "refuse_if_fenced",
+           "refuse_if_sealed", "row_group_target", "sharing", "warm_conversion"]

@@ -14,7 +14,7 @@ from lakestream.producers.options import ProducerOptions
 from lakestream.producers.policy import IntervalController
 from lakestream.producers.stats import ProducerStats
 from lakestream.stream import Stream
-from lakestream.writing import appending
+from lakestream.writing import CommitResult, appending
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,22 @@ class Committer(threading.Thread):
             self._next += 1
         return batch
 
+    def _pace(self, result: CommitResult, rivals: int, cpu_s: float, taken: int
+              ) -> tuple[float, float]:
+        """DAC's wait and gap after ``result`` landed ``taken`` fragments, for ``cpu_s`` of
+        this thread's CPU, with ``rivals`` other writers seen since the previous commit.
+
+        Fed the store's round trips, not the latency (catching up after a long wait takes
+        long) nor building the entry (it grows with the batch); the rivals whose entries it
+        folded in; and, when writes wait for the upload threads (more written than they are
+        uploading), the CPU a commit takes from them."""
+        with self._cond:
+            ready = len(self._ready)
+        waiting = self._inflight.fragments - taken - ready  # not uploaded yet
+        wait_s = self._controller.observe(result.store_s, rivals, cpu_s=cpu_s,
+                                          bound=waiting > self._upload_threads)
+        return wait_s, max(GAP_WINDOWS * result.window_s, self._min_gap_s)
+
     def run(self) -> None:
         started = time.thread_time()
         try:
@@ -159,19 +175,7 @@ class Committer(threading.Thread):
                                        result.latency_s)
                     contended = result.conflicts > 0
                     if self._adaptive:
-                        # The store's round trips, not the latency (catching up after a
-                        # long wait takes long) nor building the entry (it grows with the
-                        # batch); the rival producers whose entries it folded in; and,
-                        # when writes wait for the upload threads (more written than they
-                        # are uploading), the CPU a commit takes from them.
-                        with self._cond:
-                            ready = len(self._ready)
-                        # not uploaded yet:
-                        waiting = self._inflight.fragments - len(batch) - ready
-                        wait_s = self._controller.observe(
-                            result.store_s, rivals, cpu_s=cpu_s,
-                            bound=waiting > self._upload_threads)
-                        gap_s = max(GAP_WINDOWS * result.window_s, self._min_gap_s)
+                        wait_s, gap_s = self._pace(result, rivals, cpu_s, len(batch))
                 if self._on_commit is not None:  # before a flush waiting on it returns
                     self._on_commit(batch[-1].seq)
                 self._inflight.committed(batch, batch[-1].seq, batch[-1].state)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakestream.errors import ProducerFencedError, StoreError
+from lakestream.errors import StoreError
 from lakestream.producers.committer import GAP_WINDOWS, Committer, Uploaded
 from lakestream.producers.inflight import InFlight
 from lakestream.producers.options import ProducerOptions
@@ -41,6 +41,7 @@ from lakestream.writing import (
     Run,
     appending,
     failpoint,
+    refuse_if_fenced,
     sharing,
 )
 
@@ -183,12 +184,8 @@ class HostCommitter(Committer):
             ProducerFencedError: a newer epoch of this producer is in the log.
         """
         state = self._stream.state
+        refuse_if_fenced(state, self._stream.uri, self._producer_id, self._epoch)
         mine = state.producers.get(self._producer_id)
-        if mine is not None and mine.epoch > self._epoch:
-            raise ProducerFencedError(
-                f"producer {self._producer_id} epoch {self._epoch} was fenced by epoch "
-                f"{mine.epoch} at or before version {state.version} of {self._stream.uri}: a "
-                "newer instance is running; stop this one")
         committed = mine.seq if mine is not None else -1
         now = time.monotonic()
         while self._pending and self._pending[0].fragments[-1].seq <= committed:
@@ -261,12 +258,7 @@ class HostCommitter(Committer):
             self._mine = result.version
             self._stats.add(commits=1, attempts=result.attempts, conflicts=result.conflicts)
             self._contended = result.conflicts > 0
-            with self._cond:
-                ready = len(self._ready)
-            waiting = self._inflight.fragments - len(own) - ready
-            self._wait_s = self._controller.observe(
-                result.store_s, rivals, cpu_s=cpu_s, bound=waiting > self._upload_threads)
-            self._gap_s = max(GAP_WINDOWS * result.window_s, self._min_gap_s)
+            self._wait_s, self._gap_s = self._pace(result, rivals, cpu_s, len(own))
         self._landed_at = time.monotonic()
         self._settle()
 

@@ -96,15 +96,20 @@ def appending(uri: str, producer: str | None, epoch: int,
     def build(state: ReplayState, commit_id: str) -> Entry | None:
         refuse_if_sealed(state, uri)
         if producer is not None:
-            mine = state.producers.get(producer)
-            if mine is not None and mine.epoch > epoch:
-                raise ProducerFencedError(
-                    f"producer {producer} epoch {epoch} was fenced by epoch {mine.epoch} at "
-                    f"or before version {state.version} of {uri}: a newer instance is "
-                    "running; stop this one")
+            refuse_if_fenced(state, uri, producer, epoch)
         return _part(state, producer, epoch, fragments, state.next_offset, commit_id)
 
     return build
+
+
+def refuse_if_fenced(state: ReplayState, uri: str, producer: str, epoch: int) -> None:
+    """Raises ProducerFencedError if ``state`` holds a newer epoch of ``producer`` than
+    ``epoch``: a newer instance of it is running."""
+    mine = state.producers.get(producer)
+    if mine is not None and mine.epoch > epoch:
+        raise ProducerFencedError(
+            f"producer {producer} epoch {epoch} was fenced by epoch {mine.epoch} at or before "
+            f"version {state.version} of {uri}: a newer instance is running; stop this one")
 
 
 class Run(NamedTuple):
