@@ -45,13 +45,22 @@ from lakestream.store.base import (
     too_large,
 )
 from lakestream.store.hooks import observed, request
-from lakestream.store.s3_options import S3Options, check_config, lookup, with_client_environment
+from lakestream.store.s3_options import (
+    S3Options,
+    check_config,
+    direct_reads_allowed,
+    lookup,
+    with_client_environment,
+)
+from lakestream.store.s3direct import DirectReads
 from lakestream.store.s3errors import Reply, first_line, s3_error
 from lakestream.store.slots import cpu_slots
 
 __all__ = ["S3Options", "S3Store", "s3_filesystem"]
 
 _PROFILE_KEYS = ("aws_profile", "profile")
+_SIGNED_FOR = timedelta(minutes=15)
+"""How long a direct read's URL is valid: it is used at once."""
 
 _OWNER_PID: int | None = None
 """The process that started obstore's runtime. Its threads do not exist in a forked child,
@@ -194,6 +203,20 @@ class S3Store:
             self._client = _ObS3Store(bucket, prefix=self.prefix or None, **settings)
         except (_ObUnknownKey, _ObError) as e:
             raise _bad_options(uri, settings["config"], e) from None
+        self.direct: DirectReads | None = None
+        """Fragment GETs received into the reader's buffers, where the options allow."""
+        if self.options.direct_reads and direct_reads_allowed(settings["config"]):
+            self.direct = DirectReads(self._sign,
+                                      connect_timeout_s=self.options.connect_timeout_s,
+                                      request_timeout_s=self.options.request_timeout_s)
+
+    def _sign(self, key: str) -> str | None:
+        """A presigned GET URL of ``key``; None where the client cannot sign (it found no
+        credentials: its own request then says so)."""
+        try:
+            return obstore.sign(self._store, "GET", key, _SIGNED_FOR)
+        except (_ObError, OSError, ValueError):
+            return None
 
     @property
     def _store(self) -> Any:
@@ -242,9 +265,14 @@ class S3Store:
 
     @request("get_buffer")
     def get_buffer(self, key: str, size: int) -> Buffer:
-        """See ``ObjectStore.get_buffer``: the client's own buffer, not a copy of it."""
+        """See ``ObjectStore.get_buffer``: received into a block of the process's buffer
+        pool (``store/s3direct.py``), else the client's own buffer, never a copy of it."""
         try:
             with cpu_slots().waiting():
+                if self.direct is not None:
+                    out = self.direct.get_buffer(check_key(key), size)
+                    if out is not None:
+                        return out
                 return obstore.get_range(self._store, check_key(key), start=0, end=size + 1)
         except (_ObError, OSError) as e:
             if size == 0 and ("416" in str(e) or "InvalidRange" in str(e)):

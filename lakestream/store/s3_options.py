@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 # Lakestream's own keys in storage_options, beside the object_store ones.
 _OWN_KEYS = {"lakestream_max_retries", "lakestream_read_buffer_bytes",
-             "lakestream_request_timeout_s"}
+             "lakestream_request_timeout_s", "lakestream_direct_reads"}
 # object_store's aliases of one setting, beyond the ``aws_`` prefix it drops.
 _ALIASES = {"endpoint_url": "endpoint", "token": "session_token", "bucket_name": "bucket"}
 _SECRETS = {"secret_access_key", "session_token"}
@@ -18,6 +18,11 @@ _SECRETS = {"secret_access_key", "session_token"}
 _SENT = ("access_key_id", "secret_access_key", "session_token", "region", "default_region",
          "endpoint")
 _TRUE = {"1", "true", "on", "yes", "y"}
+_FALSE = {"0", "false", "off", "no", "n"}
+# Settings that change how a GET is sent beyond its signed URL (a proxy, a trust store or a
+# header of the client's): where one is set, every read goes through the client.
+_CLIENT_ONLY = ("proxy_url", "proxy_ca_certificate", "allow_invalid_certificates",
+                "request_payer", "sse_customer_key_base64", "skip_signature")
 # The client's own settings that obstore drops from the environment once it is handed
 # client options (the timeouts are Lakestream's), so they are copied into the config.
 _CLIENT_SETTINGS = ("allow_http", "allow_invalid_certificates", "proxy_url",
@@ -103,6 +108,17 @@ def check_config(config: dict[str, str]) -> None:
             "a store on a network you trust, or use an https:// endpoint")
 
 
+def direct_reads_allowed(config: dict[str, str]) -> bool:
+    """Whether a presigned GET sent outside the client is sent as the client's would be: no
+    setting of ``_CLIENT_ONLY`` (an option or ``AWS_*`` variable) is on. (A system proxy is
+    checked by ``s3direct`` against the URL signed.)"""
+    for name in _CLIENT_ONLY:
+        found = lookup(config, name)
+        if found is not None and found[1].strip().lower() not in _FALSE | {""}:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class S3Options:
     """How to reach the bucket: ``config`` is handed to obstore (deltalake's keys; what it
@@ -123,6 +139,10 @@ class S3Options:
     """A whole request, reply included: a connection that never answers is retried, never
     waited on for ever. Large uploads go in parts; raise it for slow links
     (``LAKESTREAM_REQUEST_TIMEOUT_S``)."""
+    direct_reads: bool = True
+    """Fragments received straight into the reader's buffers (``store/s3direct.py``) where
+    the settings allow it (no proxy, requester-pays or customer key); False leaves every
+    read to the client (``lakestream_direct_reads=false``)."""
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.read_buffer_bytes < 1:
@@ -149,5 +169,9 @@ class S3Options:
             timeout = float(own.get("lakestream_request_timeout_s", 30.0))
         except ValueError as e:
             raise ValueError(f"storage option: {e}") from None
+        direct = own.get("lakestream_direct_reads", "true").strip().lower()
+        if direct not in _TRUE | _FALSE:
+            raise ValueError(f"storage option lakestream_direct_reads={direct!r}: use true "
+                             "or false")
         return cls(tuple(sorted(given.items())), max_retries=retries, read_buffer_bytes=buffer,
-                   request_timeout_s=timeout)
+                   request_timeout_s=timeout, direct_reads=direct in _TRUE)

@@ -15,6 +15,7 @@ import pytest
 
 from lakestream.read.cache import FragmentCache
 from lakestream.store import open_store
+from lakestream.store.s3direct import DirectReads
 from lakestream.store.slots import CpuSlots, cpu_slots
 from tests.s3server import BUCKET
 
@@ -195,6 +196,13 @@ def test_s3_requests_are_made_out_of_the_slot(s3_options: dict[str, str],
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(f"lakestream.store.s3.obstore.{name}", probe)
+    direct = DirectReads._get  # a fragment's GET received outside the client
+
+    def probe_direct(*args: Any) -> Any:
+        seen.append(cpu_slots().holds())
+        return direct(*args)
+
+    monkeypatch.setattr(DirectReads, "_get", probe_direct)
     with cpu_slots().held():
         if call == "get_buffer":
             assert bytes(store.get_buffer("k", 10)) == b"0123456789"
@@ -206,6 +214,7 @@ def test_s3_requests_are_made_out_of_the_slot(s3_options: dict[str, str],
             assert store.head("k").size == 10
         assert cpu_slots().holds()
     assert seen and not any(seen)
+    assert (store.direct.reads == 1) == (call == "get_buffer")
 
 
 def test_a_thread_s_time_waiting_is_counted_out_of_its_slot_and_only_its_own() -> None:
