@@ -3,14 +3,16 @@ the defaults with a null consumer, from tmpfs, from a SeaweedFS server on 127.0.
 that server through a host disk cache (``DiskCache``, on the local disk), through the page
 cache and around it (``direct=True``).
 
-Usage: .venv/bin/python -m bench.s3cache [--reps 3] [--batches 48]
+Usage: .venv/bin/python -m bench.s3cache [--reps 3] [--batches 48] [--only s3 ...]
 Writes bench/results/s3cache.json and .png.
 
 The same stream (batches of 64 raw 224x224x3 ``uint8`` images in a tensor column, one
 fragment a batch) is written once on tmpfs and copied key for key to the server. Each
 configuration runs in a fresh process: pass 1, then pass 2 with a fresh dataset (and, for
 the cache, the same folder, emptied before each repetition); per pass GB/s, the process's
-CPU-s per GB, and the fragment GETs the store served (counted in the process). The default
+CPU-s per GB, and the fragment GETs the store served (counted in the process). ``s3`` reads
+fragments directly into the reader's buffers (``store/s3direct.py``), ``s3, client reads``
+through the S3 client's own buffers (``lakestream_direct_reads=false``). The default
 cache (``direct``) is also run on tmpfs (where it goes through the page cache): the cache's
 own cost, apart from its disk's; and the disk's own rate of reading the cache's entries
 around the page cache is measured after the last repetition. Repetition r
@@ -115,6 +117,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", type=int, default=48)
+    ap.add_argument("--only", nargs="*", default=[],
+                    help="configurations to run beside tmpfs (default: all)")
     args = ap.parse_args()
     from bench import gpu
     from tests.s3server import BUCKET, start_s3
@@ -130,10 +134,14 @@ def main() -> None:
         options = server.options()
         s3 = f"s3://{BUCKET}/s3cache"
         _copy(config["uri"], s3, options)
-        configs = {"tmpfs": (config["uri"], None, None), "s3": (s3, options, None),
+        client = options | {"lakestream_direct_reads": "false"}
+        every = {"tmpfs": (config["uri"], None, None), "s3": (s3, options, None),
+                   "s3, client reads": (s3, client, None),
                    "s3 + disk cache": (s3, options, disk),
                    "s3 + disk cache, direct": (s3, options, disk + "+direct"),
                    "s3 + cache on tmpfs": (s3, options, memory + "+direct")}
+        configs = {k: v for k, v in every.items() if k == "tmpfs" or not args.only
+                   or k in args.only}
         runs: dict[str, list[list[dict[str, Any]]]] = {k: [] for k in configs}
         for rep in range(args.reps):
             for name, (uri, opts, cache) in configs.items():
@@ -141,7 +149,8 @@ def main() -> None:
                     shutil.rmtree(cache.removesuffix("+direct"), ignore_errors=True)
                 runs[name].append(_run(uri, opts, cache, args.batches))
                 print(rep, name, runs[name][-1], flush=True)
-        disk_read = _disk_read(disk)  # the direct cache's entries of the last repetition
+        # the direct cache's entries of the last repetition
+        disk_read = _disk_read(disk) if any("disk" in k for k in configs) else None
         print("the disk read the cache's entries at", disk_read, flush=True)
     finally:
         server.stop()
