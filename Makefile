@@ -33,7 +33,8 @@ soak: $(STAMP)
 	LAKESTREAM_SOAK=1 LAKESTREAM_RELIABILITY_REPORT=bench/results/reliability.json \
 		$(PY) -m pytest -q tests/reliability \
 		tests/producers/test_crash.py::test_killed_at_every_failpoint_then_restarted \
-		tests/producers/test_hostcommit.py::test_a_host_committer_killed_at_every_failpoint_loses_and_duplicates_nothing && \
+		tests/producers/test_hostcommit.py::test_a_host_committer_killed_at_every_failpoint_loses_and_duplicates_nothing \
+		tests/producers/test_storeruns.py::test_pooling_hosts_killed_at_every_failpoint_lose_and_duplicate_nothing && \
 	$(PY) -m bench.reliability_report $$(( $$(date +%s) - start ))
 
 clean:

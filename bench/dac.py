@@ -3,7 +3,8 @@ log in simulated time, each a real ``IntervalController`` pacing commits against
 requests take a given latency. The policy tests assert its behaviour; ``main`` sizes a commit
 shared by a host's producers (``ProducerOptions(share_commits="host")``) against a commit per
 producer, against a commit per producer taken in turns under a lock per host, and against
-hosts whose commits carry each other's runs, handed over through the store (not built).
+hosts whose commits carry each other's runs, pooled through the store
+(``share_commits="store"``).
 
 Usage: .venv/bin/python -m bench.dac [--hosts 2 8 32] [--per-host 8] [--latency 0.045]
        [--write-every 0.1] [--windows 4000] [--out dac.json]
@@ -78,10 +79,11 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
     pace themselves against each other; each still commits its own fragments.
 
     With ``pooled``, every committer's commit also carries every other committer's
-    fragments that were in the store as runs when it started: a fragment is listed once a
-    request after its write (its run's PUT), and a commit lists them and reads them (two
-    more requests, the reads in parallel) after its catch-up; a sketch of hosts handing runs
-    to each other through the store."""
+    fragments that were in the store as runs when it listed them: as
+    ``share_commits="store"`` does, it lists and reads them (two requests, the reads in
+    parallel) in the last stretch of its wait, so that the commit waits for neither, and a
+    fragment is in the store a request (its host's put) after its write: a commit carries
+    the others' fragments written three requests before its wait ended."""
     rng = random.Random(seed)
     retry = ProducerOptions().commit
     run = Run(fragments=[0] * producers)
@@ -139,13 +141,13 @@ def simulate(producers: int, latency: float, *, write_every: float, windows: int
             advance(k, now)
             batch, taken_before = int(produced[k] + 1e-9) - done[k], done[k]
             before, conflicts = seen, 0
+            # Pooled: the others' runs it carries, listed and read in the last two requests
+            # of its wait, each in the store a request (its host's put) after its write.
+            listed = now - 3 * latency
             if wait_s > 0 or contended or landed is None or host_lock:  # catch up
                 now = yield now + leg()
                 seen = head
                 now = yield now + leg()
-            listed = now - latency  # the others' runs it will find
-            if pooled:  # list them, then read them (in parallel): two more requests
-                now = yield now + 4 * leg()
             while True:
                 t_attempt = now
                 now = yield now + leg()

@@ -1,7 +1,7 @@
 """Freshness benchmark: how soon a sample written by a producer is seen by a tailing trainer.
 
 Usage: .venv/bin/python -m bench.freshness [--producers 1 4 8] [--stores local s3]
-       [--rate 100] [--duration 6] [--reps 3] [--share none host] [--hosts 1]
+       [--rate 100] [--duration 6] [--reps 3] [--share none host store] [--hosts 1]
        [--put-ms 0]
 Writes bench/results/freshness.json and bench/results/freshness.png.
 
@@ -15,13 +15,15 @@ seq, the samples committed). From that:
 - committed-visible: from a group's ``write()`` to the reader's first view holding its seq;
 - step-readable: from a group's ``write()`` to the reader's first view holding the whole step
   its samples fall in (global batch 64: four groups);
-- commits per producer (with ``--share host``, the entries each put for the host), and
+- commits per producer (with ``--share host`` or ``store``, the entries each put for the
+  host), and
   the reader's GETs of log entries per second, under load and at
   rest (two seconds of no writes before the producers start).
 
 ``--hosts h`` splits the producers among h hosts (each its own host folder, as on h
 machines); ``--put-ms m`` makes each put of a log entry (the conditional put) return m ms
-later in the producers, as a slower store's would.
+later in the producers, as a slower store's would, and every request of the pooled runs
+(``--share store``: their puts, lists, gets and deletes) too.
 
 Configurations run interleaved, repetition by repetition; each figure is the median
 repetition with its min-max. The local store is a folder on tmpfs (``--local-dir``); S3 is
@@ -65,8 +67,9 @@ def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
     if host_dir is not None:
         os.environ["LAKESTREAM_HOST_DIR"] = host_dir
 
-    def slow_put(r: Request) -> None:
-        if r.op == "put" and r.key.startswith("_delta_log/") and r.key.endswith(".json"):
+    def slow_put(r: Request) -> None:  # a log entry's put, and every request of the pool
+        if r.op == "put" and r.key.startswith("_delta_log/") and r.key.endswith(".json") \
+                or r.key.startswith("_lakestream/runs/"):
             time.sleep(put_ms / 1e3)
 
     if put_ms:
@@ -79,6 +82,7 @@ def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
                   options=ProducerOptions(share_commits=share),  # type: ignore[arg-type]
                   on_commit=lambda seq: landed.append((time.time(), seq))) as p:
         resolved = _count_resolved()  # from here: opening's reads are not a commit's
+        pooled = _count_pooled()
         time.sleep(max(0.0, start_at - time.time()))
         for n in range(int(duration * rate)):
             time.sleep(max(0.0, start_at + n / rate - time.time()))
@@ -87,7 +91,7 @@ def _producer(uri: str, options: dict[str, str] | None, k: int, start_at: float,
         p.flush()
     out.put({"k": k, "sent": sent, "landed": landed, "commits": p.stats.commits,
              "conflicts": p.stats.conflicts, "attempts": p.stats.attempts,
-             "resolved": resolved[0]})
+             "resolved": resolved[0], "pooled": pooled})
 
 
 def _count_resolved() -> list[int]:
@@ -103,6 +107,20 @@ def _count_resolved() -> list[int]:
 
     add_request_hook(hook)
     return resolved
+
+
+def _count_pooled() -> dict[str, int]:
+    """Counts this process's requests of the pooled runs (``--share store``), by kind."""
+    from lakestream.store import Request, add_request_hook
+
+    counts: dict[str, int] = {}
+
+    def hook(r: Request) -> None:
+        if r.key.startswith("_lakestream/runs/"):
+            counts[r.op] = counts.get(r.op, 0) + 1
+
+    add_request_hook(hook)
+    return counts
 
 
 def _reader(uri: str, options: dict[str, str] | None, start_at: float, until: float,
@@ -194,6 +212,10 @@ def run(store: str, producers: int, rate: float, duration: float, tmp: str,
     landed = {f"p{r['k']}": r["landed"] for r in results if "sent" in r}
     commits = {f"p{r['k']}": r["commits"] for r in results if "sent" in r}
     conflicts = sum(r["conflicts"] for r in results if "sent" in r)
+    pool_ops: dict[str, int] = {}
+    for r in results:
+        for op, n in r.get("pooled", {}).items():
+            pool_ops[op] = pool_ops.get(op, 0) + n
     attempts = sum(r["attempts"] for r in results if "sent" in r)
     views = reader["views"]
     committed = [v[2] for v in views]  # never decreases
@@ -243,6 +265,7 @@ def run(store: str, producers: int, rate: float, duration: float, tmp: str,
         "commits_max_over_min": max(cs) / max(1, min(cs)),
         "conflict_rate": conflicts / max(1, attempts),
         "resolved_puts": sum(r.get("resolved", 0) for r in results if "sent" in r),
+        "pool_requests_per_s": {op: n / duration for op, n in sorted(pool_ops.items())},
         "gets_per_s_at_rest": reader["rest_gets"] / reader["rest_s"],
         "gets_per_s_loaded": (reader["gets"] - reader["rest_gets"]) / loaded_s,
         "empty_gets_per_s_at_rest": reader["rest_empty"] / reader["rest_s"],
@@ -261,7 +284,7 @@ def main() -> None:
     ap.add_argument("--local-dir", default="/dev/shm" if Path("/dev/shm").is_dir() else None,
                     help="where local streams go (default tmpfs: the disk's file creation, "
                          "~1 ms a file here, is not what is measured)")
-    ap.add_argument("--share", nargs="+", default=["none"], choices=["none", "host"],
+    ap.add_argument("--share", nargs="+", default=["none"], choices=["none", "host", "store"],
                     help="commit sharing: none (each producer commits alone), host (the "
                          "producers, all of one host here, share commits); interleaved")
     ap.add_argument("--hosts", type=int, default=1,
@@ -300,7 +323,9 @@ def main() -> None:
                           f"{r['gets_per_s_at_rest']:.0f} loaded "
                           f"{r['gets_per_s_loaded']:.0f} (empty: rest "
                           f"{r['empty_gets_per_s_at_rest']:.0f} loaded "
-                          f"{r['empty_gets_per_s_loaded']:.0f})", flush=True)
+                          f"{r['empty_gets_per_s_loaded']:.0f})"
+                          + (f"; pool requests/s {r['pool_requests_per_s']}"
+                             if r["pool_requests_per_s"] else ""), flush=True)
     finally:
         if server is not None:
             server.stop()
@@ -316,6 +341,9 @@ def main() -> None:
                     "empty_gets_per_s_loaded"):
             xs = [r[key] for r in mine]
             row[key] = {"median": median(xs), "min": min(xs), "max": max(xs)}
+        for op in sorted({op for r in mine for op in r.get("pool_requests_per_s", {})}):
+            xs = [r["pool_requests_per_s"].get(op, 0.0) for r in mine]
+            row[f"pool_{op}_per_s"] = {"median": median(xs), "min": min(xs), "max": max(xs)}
         summary.append(row)
     result = {"machine": f"{platform.node()}: {platform.platform()}, "
                          f"{len(os.sched_getaffinity(0))} cores",

@@ -65,6 +65,10 @@ def main() -> None:
         "commits (`share_commits=\"host\"`), SIGKILLed at each failpoint and after leaving a "
         "run for the host's committer, whoever commits for the host among them, then restarted "
         "together (`host-` in the crash runs above).",
+        "- `tests/producers/test_storeruns.py`: 2 hosts of 2 producer processes pooling their "
+        "runs through the store (`share_commits=\"store\"`), SIGKILLed at each failpoint and "
+        "after leaving the host's runs in the store for the other host's committer, then "
+        "restarted together (`pool-` in the crash runs above).",
         "- `test_corruption_fuzz.py`: bit flips, truncations and emptied objects in log "
         "entries, snapshot manifests, index segments and fragments.",
         "- `test_model.py`: a hypothesis state machine (produce, crash, restart, lost ack, "

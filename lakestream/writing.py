@@ -18,12 +18,14 @@ from lakestream.log.keys import check_group, check_producer_id, fragment_key
 from lakestream.log.outcomes import CommitOptions, CommitResult
 from lakestream.log.progress import Progress, read_progress
 from lakestream.log.replay import refuse_if_sealed
+from lakestream.log.storeruns import PooledRuns
 from lakestream.schema.conform import conform, oversized_sample, warm_conversion
 from lakestream.store import is_remote
 from lakestream.store.base import ObjectStore
 
 __all__ = ["MAX_FRAGMENTS_PER_ENTRY", "MAX_STATE_BYTES", "CommitOptions", "CommitResult", "Fence",
-           "HostRuns", "ObjectStore", "Progress", "Published", "Run", "appending", "check_group",
+           "HostRuns", "ObjectStore", "PooledRuns", "Progress", "Published", "Run", "appending",
+           "check_group",
            "check_int", "check_producer_id", "check_rows", "check_state", "conform",
            "encode_fragment", "failpoint", "fencing", "fragment_key", "is_remote",
            "oversized_sample", "put_fragment", "read_progress", "refuse_if_fenced",

@@ -8,7 +8,7 @@ from typing import Literal
 from lakestream.writing import MAX_FRAGMENTS_PER_ENTRY, CommitOptions, check_int
 
 CommitPolicy = Literal["adaptive", "per-fragment"]
-ShareCommits = Literal["host"] | None
+ShareCommits = Literal["host", "store"] | None
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,11 @@ class ProducerOptions:
     seqs and state there (``lakestream.producers.hostcommit``); a log taking one commit at
     a time then carries a host's producers per commit. None: each commits alone. Needs the
     host folder (``LAKESTREAM_HOST_DIR``; turned off, each commits alone) and the adaptive
-    policy. A stream with a shared entry is read by lakestream from this version on only."""
+    policy. A stream with a shared entry is read by lakestream from this version on only.
+    ``"store"``: the same, and the host's committer also leaves what the host has waiting in
+    the store, where the committers of other hosts that set it commit it with their own
+    (``lakestream.log.storeruns``): a sample waits for the next commit of any host, not of
+    its own, where many hosts take turns at one log."""
 
     def __post_init__(self) -> None:
         if self.commit_policy not in ("adaptive", "per-fragment"):
@@ -63,11 +67,13 @@ class ProducerOptions:
             raise ValueError(f"max_fragments_per_commit must be at most "
                              f"{MAX_FRAGMENTS_PER_ENTRY:,} (readers void a larger entry), got "
                              f"{self.max_fragments_per_commit:,}")
-        if self.share_commits not in (None, "host"):
-            raise ValueError(f"share_commits must be None or 'host', got {self.share_commits!r}")
+        if self.share_commits not in (None, "host", "store"):
+            raise ValueError(f"share_commits must be None, 'host' or 'store', got "
+                             f"{self.share_commits!r}")
         if self.share_commits and self.commit_policy != "adaptive":
-            raise ValueError("share_commits='host' needs commit_policy='adaptive': the host's "
-                             "committer groups its producers' fragments")
+            raise ValueError(f"share_commits={self.share_commits!r} needs "
+                             "commit_policy='adaptive': the host's committer groups its "
+                             "producers' fragments")
         if self.compression not in ("zstd", "none", "snappy", "lz4"):
             raise ValueError(f"compression must be zstd, snappy, lz4 or none, "
                              f"got {self.compression!r}")

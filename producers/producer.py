@@ -24,6 +24,7 @@ from lakestream.writing import (
     Fence,
     HostRuns,
     ObjectStore,
+    PooledRuns,
     Progress,
     check_group,
     check_int,
@@ -127,15 +128,17 @@ class Producer:
                                         thread_name_prefix=f"lakestream-upload-{producer_id}")
         self._pool.submit(warm_conversion)  # while nothing waits on it: not in the first write
         runs = HostRuns.for_stream(self._stream.uri, self._stream.meta.created_ms) \
-            if o.share_commits == "host" else None
+            if o.share_commits else None
         if o.share_commits and runs is None:
-            log.warning("producer %s: share_commits='host' without a host folder "
-                        "(LAKESTREAM_HOST_DIR): committing alone", producer_id)
+            log.warning("producer %s: share_commits=%r without a host folder "
+                        "(LAKESTREAM_HOST_DIR): committing alone", producer_id, o.share_commits)
         self._committer = Committer(self._stream, self.producer_id, self.epoch, o, self.stats,
                                     self._inflight, self.upload_threads, on_commit) \
             if runs is None else HostCommitter(
                 self._stream, self.producer_id, self.epoch, o, self.stats, self._inflight,
-                self.upload_threads, on_commit, runs=runs)
+                self.upload_threads, on_commit, runs=runs,
+                pool=PooledRuns(self._stream.store, runs.host)
+                if o.share_commits == "store" else None)
         self._committer.start()
 
     # -- what the user sees -------------------------------------------------------------

@@ -97,10 +97,8 @@ class HostRuns:
             OSError: the file could not be written.
         """
         name = f"{epoch}-{fragments[0].seq}-{fragments[-1].seq}-{producer}.json"
-        body = json.dumps({"producer": producer, "epoch": epoch,
-                           "fragments": [[u.seq, u.key, u.rows, u.size, u.crc32, u.state]
-                                         for u in fragments]},
-                          allow_nan=False, separators=(",", ":")).encode()
+        body = json.dumps(run_doc(Run(producer, epoch, fragments)), allow_nan=False,
+                          separators=(",", ":")).encode()
         put_whole(os.path.join(self.folder, name), body, self.folder)
         return name
 
@@ -213,7 +211,7 @@ class HostRuns:
                     continue
                 with open(entry.path, "rb") as f:
                     doc = json.loads(f.read())
-                found.append(_published(name, doc))
+                found.append(Published(name, run_from(doc, name)))
         found.sort(key=lambda p: (p.run.producer, p.run.fragments[0].seq))
         return found
 
@@ -223,9 +221,17 @@ class HostRuns:
                 os.unlink(os.path.join(self.folder, name))
 
 
-def _published(name: str, doc: dict[str, Any]) -> Published:
-    """A run file's content as a run, checked: every fragment's key is the file its
-    producer writes at that epoch and seq, and the seqs are contiguous.
+def run_doc(run: Run) -> dict[str, Any]:
+    """``run`` as JSON values (what ``run_from`` reads back)."""
+    return {"producer": run.producer, "epoch": run.epoch,
+            "fragments": [[u.seq, u.key, u.rows, u.size, u.crc32, u.state]
+                          for u in run.fragments]}
+
+
+def run_from(doc: Any, name: str) -> Run:
+    """A run's JSON values (``run_doc``) as a run, checked: every fragment's key is the
+    file its producer writes at that epoch and seq, and the seqs are contiguous; ``name``
+    says where it was found.
 
     Raises:
         ValueError, KeyError, TypeError, IndexError: it is not a run a producer wrote.
@@ -243,7 +249,9 @@ def _published(name: str, doc: dict[str, Any]) -> Published:
                                          (u.seq, 0, MAX_INT), (u.crc32, -1, 0xFFFFFFFF))):
             raise ValueError(f"{name} is not a run its producer wrote")
         check_state(u.state)
-    return Published(name, Run(producer, epoch, fragments))
+    if not fragments:
+        raise ValueError(f"{name} holds an empty run")
+    return Run(producer, epoch, fragments)
 
 
 _held: set[int] = set()

@@ -30,6 +30,8 @@ class ObjectMeta:
     size: int
     last_modified: float
     """Seconds since the epoch, by the store's own clock."""
+    etag: str | None = None
+    """The store's tag of this write of the object, where it gives one (S3's ETag)."""
 
 
 class ObjectStore(Protocol):

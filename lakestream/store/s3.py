@@ -301,12 +301,14 @@ class S3Store:
                 meta = obstore.head(self._store, check_key(key))
         except (_ObError, OSError) as e:
             raise self._fail("inspecting", key, e) from None
-        return ObjectMeta(key, int(meta["size"]), meta["last_modified"].timestamp())
+        return ObjectMeta(key, int(meta["size"]), meta["last_modified"].timestamp(),
+                          meta.get("e_tag"))
 
     @request("list")
     def list(self, prefix: str) -> Iterator[ObjectMeta]:
         try:
-            found = [ObjectMeta(m["path"], int(m["size"]), m["last_modified"].timestamp())
+            found = [ObjectMeta(m["path"], int(m["size"]), m["last_modified"].timestamp(),
+                                m.get("e_tag"))
                      for batch in obstore.list(self._store, prefix or None) for m in batch]
         except (_ObError, OSError) as e:
             raise self._fail("listing", prefix, e) from None

@@ -28,9 +28,13 @@ PRODUCERS, FRAGMENTS, ROWS = 3, 12, 2
 
 def _spawn(uri: str, producer_id: str, options: dict[str, str] | None, failpoint: str | None,
            total: int = FRAGMENTS, policy: str = "adaptive", share: str | None = None,
-           max_interval_s: float = 5.0) -> subprocess.Popen[str]:
+           max_interval_s: float = 5.0, host_dir: str | None = None,
+           write_every_s: float = 0.0) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env.pop("LAKESTREAM_FAILPOINT", None)
+    env["WORKER_WRITE_EVERY_S"] = str(write_every_s)
+    if host_dir is not None:  # another host: its own host folder
+        env["LAKESTREAM_HOST_DIR"] = host_dir
     if failpoint:
         env["LAKESTREAM_FAILPOINT"] = failpoint
     return subprocess.Popen(

@@ -151,15 +151,22 @@ def test_a_host_committer_killed_at_every_failpoint_loses_and_duplicates_nothing
     # Restarted together: each resumes from what the log holds of it (runs its killed
     # instance left for the host are committed by whoever commits next, or fenced).
     again = _finish([_spawn(uri, n, backend.options, None, share="host") for n in names])
+    _every_sample_once(backend, names, again, codes, tally, f"host-{backend.name}.{point}")
+
+
+def _every_sample_once(backend, names: list[str], again: list[dict], codes: list[int],
+                       tally: Counter[str], run: str) -> None:
+    """After a crash run's restart (``again``, its workers' stats): every sample of
+    ``names`` in the stream once, each producer's final state, a gapless log; tallied."""
     assert all(st["fragments"] <= FRAGMENTS for st in again)
-    assert _stream_ids(uri, backend.options) == _expected(3, FRAGMENTS)
-    final = lakestream.open(uri, storage_options=backend.options).producers
+    assert _stream_ids(backend.uri(), backend.options) == _expected(len(names), FRAGMENTS)
+    final = lakestream.open(backend.uri(), storage_options=backend.options).producers
     assert all(final[n][2] == {"next": FRAGMENTS} for n in names)
-    _gapless(uri, backend.options)
+    _gapless(backend.uri(), backend.options)
     tally["crash_runs"] += 1
-    tally[f"crash_runs.host-{backend.name}.{point}"] += 1
+    tally[f"crash_runs.{run}"] += 1
     tally["crash_kills"] += codes.count(-signal.SIGKILL)
-    tally["samples_checked"] += 3 * FRAGMENTS * 2
+    tally["samples_checked"] += len(names) * FRAGMENTS * 2
 
 
 def test_a_stopped_host_committer_does_not_block_the_others(tmp_path: Path) -> None:
@@ -263,6 +270,9 @@ def test_the_host_folder_trusts_only_whole_runs_of_the_producer_they_name(
     (Path(runs.folder) / "1-0-9-d.json").write_text(
         '{"producer": "d", "epoch": 1, "fragments": [[0, "data/d/1-0-x.parquet", 2, 10, 7, '
         + "[" * 100_000 + "]" * 100_000 + "]]}")
+    # No fragment at all: sorting the runs by their first seq failed the whole gather.
+    (Path(runs.folder) / "1-0-0-e.json").write_text(
+        json.dumps({"producer": "e", "epoch": 1, "fragments": []}))
     found = runs.gather()
     assert [p.name for p in found] == [good]
     assert found[0].run.fragments[-1].state == {"n": 2}

@@ -2,6 +2,7 @@
 
 Usage: python -m tests.producers.worker URI PRODUCER_ID FRAGMENTS ROWS OPTIONS_JSON [POLICY
 [SHARE [MAX_INTERVAL_S]]]
+``WORKER_WRITE_EVERY_S`` in the environment paces the writes (default: as fast as it can).
 Fragment i of producer k holds ids k*1_000_000 + i*ROWS ... + ROWS-1; the state committed with
 it is {"next": i + 1}. Exits 0 when every fragment is committed.
 """
@@ -9,7 +10,9 @@ it is {"next": i + 1}. Exits 0 when every fragment is committed.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 
 import pyarrow as pa
 
@@ -33,8 +36,10 @@ def main() -> None:
                                           share_commits=share,  # type: ignore[arg-type]
                                           max_interval_s=max_interval_s)) as p:
         start = p.state["next"] if p.state else 0
+        pace = float(os.environ.get("WORKER_WRITE_EVERY_S", 0))
         for i in range(start, total):
             p.write(fragment(index, i, n), state={"next": i + 1})
+            time.sleep(pace)
         p.flush()
         stats = p.stats
         print(json.dumps({"commits": stats.commits, "conflicts": stats.conflicts,

@@ -4,13 +4,16 @@ refused what is not theirs with PermissionDeniedError, leaving the stream unchan
 
 from __future__ import annotations
 
+import logging
+import time
+
 import pytest
 
 import lakestream
 from lakestream.errors import PermissionDeniedError
 from lakestream.log.progress import publish_progress, read_progress
 from lakestream.ops.verify import verify
-from lakestream.producers import Producer
+from lakestream.producers import Producer, ProducerOptions
 from lakestream.store import open_store
 from tests.conftest import BUCKET
 from tests.helpers import SCHEMA, edit_entry, ids, rows
@@ -109,3 +112,21 @@ def test_a_producers_grants_cannot_brick_gc_nor_rewrite_unseen(roles: SeaweedS3)
     assert ids(before.read_step(steps - 1)) == [228, 229, 230, 231]
     open_store(URI, retention).put(log_key(target), original)  # for the tests after this
     assert lakestream.open(URI, storage_options=reader).num_steps == steps
+
+
+def test_a_producer_refused_the_pooled_runs_commits_for_its_host_alone(
+        roles: SeaweedS3, caplog: pytest.LogCaptureFixture) -> None:
+    """``share_commits="store"`` with a producer's grants, which name no
+    ``_lakestream/runs/``: the refused put turns pooling off, with a warning saying what
+    to grant, and every write still commits."""
+    producer = roles.options(PRODUCER)
+    options = ProducerOptions(share_commits="store")
+    with caplog.at_level(logging.WARNING, logger="lakestream"), \
+            Producer(URI, "rollout-0", storage_options=producer, options=options) as p:
+        start = p.state["next"] if p.state else 0
+        for i in range(start, start + 8):  # paced: the host's committer offers as it waits
+            p.write(rows(10_000 + 4 * i, 4), state={"next": i + 1})
+            time.sleep(0.03)
+    assert "refused the pooled runs" in caplog.text
+    s = lakestream.open(URI, storage_options=roles.options(READER))
+    assert s.producers["rollout-0"][2] == {"next": start + 8}
