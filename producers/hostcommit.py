@@ -21,10 +21,8 @@ A host committer that dies drops its lock with its process; the next producer to
 takes it and commits what waits, its own included: nothing is lost, and the seqs the log
 holds keep anything from landing twice.
 
-With ``share_commits="store"`` the host's committer also keeps what its host has waiting
-(its own uploads, the runs in the folder) in the store (``lakestream.writing.PooledRuns``),
-rewritten whenever that changes while it waits, and each of its commits carries the other
-hosts' pooled runs after its host's own: whichever host commits next commits everyone's.
+With ``share_commits="store"`` the host's committer also pools the host's runs with other
+hosts' through the store (``lakestream.producers.poolcommit``).
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakestream.errors import PermissionDeniedError, StoreError
+from lakestream.errors import StoreError
 from lakestream.producers.committer import GAP_WINDOWS, Committer, Uploaded
 from lakestream.producers.inflight import InFlight
 from lakestream.producers.options import ProducerOptions
@@ -42,7 +40,6 @@ from lakestream.producers.stats import ProducerStats
 from lakestream.stream import Stream
 from lakestream.writing import (
     HostRuns,
-    PooledRuns,
     Published,
     Run,
     appending,
@@ -66,7 +63,7 @@ wait; 10 s by default), and at least this long, is committed by its own producer
 
 
 @dataclass
-class _Pending:
+class Pending:
     """A run of this producer's, handed to the host and not yet known to be committed."""
 
     name: str | None
@@ -80,28 +77,14 @@ class HostCommitter(Committer):
 
     def __init__(self, stream: Stream, producer_id: str, epoch: int, options: ProducerOptions,
                  stats: ProducerStats, inflight: InFlight, upload_threads: int,
-                 on_commit: Callable[[int], None] | None, *, runs: HostRuns,
-                 pool: PooledRuns | None = None) -> None:
+                 on_commit: Callable[[int], None] | None, *, runs: HostRuns) -> None:
         super().__init__(stream, producer_id, epoch, options, stats, inflight, upload_threads,
                          on_commit)
         self._runs = runs
-        self._pool = pool
         self._alone_after_s = max(ALONE_AFTER_S, 2 * self._controller.max_s)
-        self._pending: list[_Pending] = []
+        self._pending: list[Pending] = []
         self._wait_s, self._gap_s, self._landed_at = 0.0, 0.0, 0.0
         self._contended, self._first, self._mine = False, True, -1
-        self._read_at = 0.0
-        """When, leading a pooling host, it last read the log while it waited."""
-        self._foreign: list[Run] | None = None
-        """The other hosts' pooled runs, read for its next commit while it waited (taken
-        only if read just before it: an idle host's copy would be long out of date)."""
-        self._foreign_at = 0.0
-        self._early = (0, 0)
-        """Its own fragments taken from the ready ones while it waits (pooling) and not yet
-        committed, and their bytes: they still count towards half the budget (``_full``)."""
-        self._gather_s = self._offer_s = 0.0
-        """How long its last reading of the pool, and its last put of the host's runs,
-        took."""
         self._stuck = False
         """Whether the host's committer holds the lock but takes nothing (stopped): this
         producer then commits alone, and still leaves its runs, until one is taken."""
@@ -133,8 +116,8 @@ class HostCommitter(Committer):
             self._inflight.fail(e)
         finally:
             try:
-                if self._pool is not None and self._runs.leading:
-                    self._withdraw()
+                if self._runs.leading:
+                    self._resigning()
             finally:
                 self._runs.resign()
             if failed or self._stopping:  # failed, aborted, or closed after a failure:
@@ -151,7 +134,7 @@ class HostCommitter(Committer):
             return False
         now = time.monotonic()
         if batch:
-            self._pending.append(_Pending(self._runs.publish(self._producer_id, self._epoch,
+            self._pending.append(Pending(self._runs.publish(self._producer_id, self._epoch,
                                                              batch), batch, now))
             self._runs.poke()
             failpoint("after_handover")
@@ -222,7 +205,6 @@ class HostCommitter(Committer):
         for p in self._pending:
             if p.name is not None and not self._runs.waiting(p.name):
                 p.name = self._runs.publish(self._producer_id, self._epoch, p.fragments)
-        self._count_early()
 
     # -- the host's committer ------------------------------------------------------------
 
@@ -238,19 +220,15 @@ class HostCommitter(Committer):
                     self._full() and now >= self._landed_at + self._gap_s
                 own = self._pop_run() if due else []
             if own:
-                self._pending.append(_Pending(None, own, now))
-            pooled = self._pool is not None
-            found = self._runs.gather() if due or pooled else []
+                self._pending.append(Pending(None, own, now))
+            found = self._runs.gather() if due or self.pooling else []
             if due and (any(p.name is None for p in self._pending) or found):
                 break
-            left = self._landed_at + max(self._wait_s, self._gap_s) - now
-            if pooled and not due:
-                self._between_commits(found, now, left)
-                left = self._landed_at + max(self._wait_s, self._gap_s) - time.monotonic()
-                if self._foreign is None:  # wake for the last stretch, to read the pool
-                    left -= self._gather_s
-            if due or pooled:  # until a producer (or its own upload) pokes, or it is due
-                self._runs.wait(IDLE_POLL_S if due else min(IDLE_POLL_S, max(POLL_S, left)))
+            if due:  # nothing to commit: until a producer (or its own upload) pokes
+                self._runs.wait(IDLE_POLL_S)
+                continue
+            if self.pooling:  # until a poke, or the part of the wait it acts in next
+                self._runs.wait(min(IDLE_POLL_S, max(POLL_S, self._waiting(found, now))))
                 continue
             with self._cond:  # woken early by its own uploads filling half the budget
                 if not self._stopping:
@@ -265,13 +243,8 @@ class HostCommitter(Committer):
         if own:
             runs.append(Run(self._producer_id, self._epoch, own[:self._batch_limit]))
             fragments = len(runs[0].fragments)
-        others = [p.run for p in found]  # the host's first, then the other hosts'
-        if self._pool is not None:
-            fresh = self._foreign is not None and \
-                time.monotonic() - self._foreign_at <= 2 * self._gather_s + IDLE_POLL_S
-            others += self._foreign if fresh and self._foreign is not None else self._gather()
-            self._foreign = None
-        for run in _merged(others):  # sharing() leaves out what the entry cannot take
+        others = [p.run for p in found] + self._others()  # the host's first
+        for run in merged(others):  # sharing() leaves out what the entry cannot take
             room = self._batch_limit - fragments
             if room <= 0:
                 break
@@ -285,7 +258,7 @@ class HostCommitter(Committer):
                                catch_up=self._wait_s > 0 or self._contended or self._first)
         cpu_s = time.thread_time() - cpu_s
         state = stream.state
-        self._runs.remove([p.name for p in found if _done(state, p)])
+        self._runs.remove([p.name for p in found if settled(state, p)])
         if result is not None:
             self._first = False
             rivals = state.writers_since(self._mine, besides=self._runs.host)
@@ -296,110 +269,25 @@ class HostCommitter(Committer):
         self._landed_at = time.monotonic()
         self._settle()
 
-    def _between_commits(self, found: list[Published], now: float, left: float) -> None:
-        """What a pooling host's committer does while it waits ``left`` more seconds for
-        its next commit: in its last stretch, about as long as listing and reading the
-        pool took last time, it reads the other hosts' runs for that commit (which then
-        waits for no request of the pool); before it, it keeps the host's own in the store
-        for the others (an offer only if it would end before the commit is due: the host's
-        runs are about to be committed anyway)."""
-        if left <= self._gather_s:
-            if self._foreign is None:
-                self._foreign = self._gather()
-                self._foreign_at = time.monotonic()
-            return
-        if left <= self._offer_s:
-            return
-        with self._cond:  # its own too, to learn when another host commits them
-            own = self._pop_run()
-        if own:
-            self._pending.append(_Pending(None, own, now))
-            self._count_early()
-        self._offer(self._unsettled(found, now))
+    # -- what a host's committer that pools its runs does besides (``PoolingCommitter``) --
 
-    def _full(self) -> bool:
-        n, nbytes = self._early
-        return len(self._ready) + n >= self._full_fragments or \
-            self._ready_bytes + nbytes >= self._full_bytes
+    pooling = False
+    """Whether it does something while it waits (and so waits on pokes)."""
 
-    def _count_early(self) -> None:
-        """Counts its own fragments waiting in ``_pending`` (see ``_early``)."""
-        own = [u for p in self._pending if p.name is None for u in p.fragments] \
-            if self._pool is not None else []
-        self._early = (len(own), sum(getattr(u, "nbytes", 0) for u in own))
+    def _waiting(self, found: list[Published], now: float) -> float:
+        """Called while it waits between commits (``found``: the folder's runs); returns
+        how long it may sleep."""
+        return self._landed_at + max(self._wait_s, self._gap_s) - now
 
-    def _gather(self) -> list[Run]:
-        """The other hosts' pooled runs (none if the store failed: the host's go alone)."""
-        assert self._pool is not None
-        t0 = time.monotonic()
-        try:
-            return self._pool.gather()
-        except StoreError as e:
-            log.debug("producer %s: listing pooled runs failed: %s", self._producer_id, e)
-            return []
-        except PermissionDeniedError as e:
-            self._refused(e)
-            return []
-        finally:
-            self._gather_s = time.monotonic() - t0
+    def _others(self) -> list[Run]:
+        """Runs of other hosts that its next commit carries after its host's."""
+        return []
 
-    def _unsettled(self, found: list[Published], now: float) -> list[Published]:
-        """The runs of ``found`` the log does not hold, having read the log at most every
-        ``IDLE_POLL_S`` while the host has runs waiting: another host's commit may have
-        taken them, and a producer learns that only from the log (its own pending ones are
-        settled, the folder's removed)."""
-        if not (found or self._pending) or now - self._read_at < IDLE_POLL_S:
-            return found
-        self._read_at = now
-        try:
-            self._stream.refresh()
-        except StoreError as e:  # a store's hiccup: look again at the next poll
-            log.debug("producer %s: reading the log failed: %s", self._producer_id, e)
-            return found
-        state = self._stream.state
-        done = [p for p in found if _done(state, p)]
-        self._runs.remove([p.name for p in done])
-        self._settle()
-        return [p for p in found if p not in done]
-
-    def _offer(self, found: list[Published]) -> None:
-        """Makes the host's pooled runs what it has waiting: its own uploads and the runs
-        in the folder (the store's hiccup: the next offer)."""
-        own = [u for p in self._pending if p.name is None for u in p.fragments]
-        runs = [Run(self._producer_id, self._epoch, own)] if own else []
-        assert self._pool is not None
-        t0 = time.monotonic()
-        try:
-            if self._pool.offer(_merged(runs + [p.run for p in found])):
-                self._offer_s = time.monotonic() - t0
-        except StoreError as e:
-            log.debug("producer %s: pooling the host's runs failed: %s", self._producer_id, e)
-        except PermissionDeniedError as e:
-            self._refused(e)
-
-    def _withdraw(self) -> None:
-        """Empties the host's pooled runs as it lets the lock go: the next host committer
-        offers what is left."""
-        assert self._pool is not None
-        pool = self._pool
-        try:
-            pool.offer([])
-        except (StoreError, PermissionDeniedError) as e:  # left to go stale (an hour)
-            log.debug("producer %s: withdrawing pooled runs failed: %s", self._producer_id, e)
-        pool.close()
-
-    def _refused(self, e: PermissionDeniedError) -> None:
-        """Turns pooling off for this committer, the store having refused it (credentials
-        without ``_lakestream/runs/``): the host's commits go on as ``"host"``'s do."""
-        log.warning("producer %s: the store refused the pooled runs (%s); committing for "
-                    "this host alone. Grant the producers put, get, list and delete on "
-                    "_lakestream/runs/ to pool them", self._producer_id, e)
-        assert self._pool is not None
-        self._pool.close()
-        self._pool = None
+    def _resigning(self) -> None:
+        """Called as it lets the host's lock go."""
 
 
-def _merged(runs: list[Run]) -> list[Run]:
+def merged(runs: list[Run]) -> list[Run]:
     """``runs`` as one run per producer and epoch, in the order each first appears, its
     fragments each once, in seq order (two sources may hold one fragment)."""
     by_writer: dict[tuple[str, int], dict[int, Uploaded]] = {}
@@ -411,7 +299,7 @@ def _merged(runs: list[Run]) -> list[Run]:
             for (producer, epoch), frags in by_writer.items() if frags]
 
 
-def _done(state: object, published: Published) -> bool:
+def settled(state: object, published: Published) -> bool:
     """Whether the log ``state`` holds every seq of ``published``, or fenced its producer."""
     mine = state.producers.get(published.run.producer)  # type: ignore[attr-defined]
     return mine is not None and (mine.epoch > published.run.epoch or

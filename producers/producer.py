@@ -18,6 +18,7 @@ from lakestream.producers.committer import Committer, Uploaded
 from lakestream.producers.hostcommit import HostCommitter
 from lakestream.producers.inflight import InFlight
 from lakestream.producers.options import ProducerOptions
+from lakestream.producers.poolcommit import PoolingCommitter
 from lakestream.producers.stats import ProducerStats
 from lakestream.stream import Stream
 from lakestream.writing import (
@@ -132,13 +133,11 @@ class Producer:
         if o.share_commits and runs is None:
             log.warning("producer %s: share_commits=%r without a host folder "
                         "(LAKESTREAM_HOST_DIR): committing alone", producer_id, o.share_commits)
-        self._committer = Committer(self._stream, self.producer_id, self.epoch, o, self.stats,
-                                    self._inflight, self.upload_threads, on_commit) \
-            if runs is None else HostCommitter(
-                self._stream, self.producer_id, self.epoch, o, self.stats, self._inflight,
-                self.upload_threads, on_commit, runs=runs,
-                pool=PooledRuns(self._stream.store, runs.host)
-                if o.share_commits == "store" else None)
+        args = (self._stream, self.producer_id, self.epoch, o, self.stats, self._inflight,
+                self.upload_threads, on_commit)
+        self._committer = Committer(*args) if runs is None else \
+            HostCommitter(*args, runs=runs) if o.share_commits == "host" else \
+            PoolingCommitter(*args, runs=runs, pool=PooledRuns(self._stream.store, runs.host))
         self._committer.start()
 
     # -- what the user sees -------------------------------------------------------------

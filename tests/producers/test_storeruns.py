@@ -28,8 +28,9 @@ from lakestream.log.storeruns import RUNS_PREFIX, PooledRuns
 from lakestream.log.tail import read_entry
 from lakestream.producers import ProducerOptions
 from lakestream.producers.committer import Uploaded
-from lakestream.producers.hostcommit import HostCommitter, _Pending
+from lakestream.producers.hostcommit import Pending
 from lakestream.producers.inflight import InFlight
+from lakestream.producers.poolcommit import PoolingCommitter
 from lakestream.producers.stats import ProducerStats
 from lakestream.store import open_store
 from lakestream.store.hooks import add_request_hook
@@ -212,15 +213,16 @@ def test_share_commits_store_is_checked_like_host() -> None:
         ProducerOptions(share_commits="cluster")  # type: ignore[arg-type]
 
 
-def _committer(tmp_path: Path, **options: Any) -> HostCommitter:
+def _committer(tmp_path: Path, **options: Any) -> PoolingCommitter:
     """A pooling host's committer for producer ``p-0``, not started."""
     uri = str(tmp_path / "s")
     lakestream.create(uri, SCHEMA, global_batch_size=2)
     stream = lakestream.open(uri)
-    return HostCommitter(stream, "p-0", 1, ProducerOptions(share_commits="store", **options),
-                         ProducerStats(), InFlight(-1, None), 1, None,
-                         runs=HostRuns(str(tmp_path / "host")),
-                         pool=PooledRuns(stream.store, "@host"))
+    return PoolingCommitter(stream, "p-0", 1,
+                            ProducerOptions(share_commits="store", **options),
+                            ProducerStats(), InFlight(-1, None), 1, None,
+                            runs=HostRuns(str(tmp_path / "host")),
+                            pool=PooledRuns(stream.store, "@host"))
 
 
 def _uploaded(seq: int) -> Uploaded:
@@ -240,7 +242,7 @@ def test_own_uploads_taken_while_pooling_still_count_towards_half_the_budget(
 
 def test_pooled_runs_read_long_before_a_commit_are_not_carried(tmp_path: Path) -> None:
     c = _committer(tmp_path)
-    c._pending.append(_Pending(None, [_uploaded(0)], time.monotonic()))
+    c._pending.append(Pending(None, [_uploaded(0)], time.monotonic()))
     # Read in the last stretch of a wait long over (an idle host): runs that may have gone
     # stale since, or been committed and their files collected.
     c._foreign, c._foreign_at = [_run("other", 1, range(0, 1))], time.monotonic() - 3600
