@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from lakestream.errors import PermissionDeniedError, StoreError
+from lakestream.producers.committer import Uploaded
 from lakestream.producers.hostcommit import IDLE_POLL_S, HostCommitter, Pending, merged, settled
 from lakestream.producers.inflight import InFlight
 from lakestream.producers.options import ProducerOptions
@@ -66,11 +67,11 @@ class PoolingCommitter(HostCommitter):
     def _others(self) -> list[Run]:
         if self._pool is None:
             return []
-        fresh = self._foreign is not None and \
-            time.monotonic() - self._foreign_at <= 2 * self._gather_s + IDLE_POLL_S
-        out = self._foreign if fresh and self._foreign is not None else self._gather()
-        self._foreign = None
-        return out
+        foreign, self._foreign = self._foreign, None
+        if foreign is not None and \
+                time.monotonic() - self._foreign_at <= 2 * self._gather_s + IDLE_POLL_S:
+            return foreign
+        return self._gather()
 
     def _resigning(self) -> None:
         if self._pool is not None:
@@ -106,10 +107,15 @@ class PoolingCommitter(HostCommitter):
         return len(self._ready) + n >= self._full_fragments or \
             self._ready_bytes + nbytes >= self._full_bytes
 
+    def _own_pending(self) -> list[Uploaded]:
+        """Its own fragments in ``_pending`` (those of the folder's runs it left as a
+        producer of the host are in ``found``)."""
+        return [u for p in self._pending if p.name is None for u in p.fragments]
+
     def _count_early(self) -> None:
         """Counts its own fragments waiting in ``_pending`` (see ``_early``)."""
-        own = [u for p in self._pending if p.name is None for u in p.fragments]
-        self._early = (len(own), sum(getattr(u, "nbytes", 0) for u in own))
+        own = self._own_pending()
+        self._early = (len(own), sum(u.nbytes for u in own))
 
     def _gather(self) -> list[Run]:
         """The other hosts' pooled runs (none if the store failed: the host's go alone)."""
@@ -148,7 +154,7 @@ class PoolingCommitter(HostCommitter):
     def _offer(self, found: list[Published]) -> None:
         """Makes the host's pooled runs what it has waiting: its own uploads and the runs
         in the folder (the store's hiccup: the next offer)."""
-        own = [u for p in self._pending if p.name is None for u in p.fragments]
+        own = self._own_pending()
         runs = [Run(self._producer_id, self._epoch, own)] if own else []
         assert self._pool is not None
         t0 = time.monotonic()

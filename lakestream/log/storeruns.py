@@ -113,7 +113,7 @@ class PooledRuns:
             for m, runs in zip(changed, self._pool.map(self._read, changed), strict=True):
                 if runs is not None:
                     self._seen[m.key] = (_version(m), m.size, runs)
-        return [r for k, (_, _, runs) in self._seen.items() if k in listed for r in runs]
+        return [r for _, _, runs in self._seen.values() for r in runs]  # only those listed
 
     def _read(self, meta: ObjectMeta) -> list[Run] | None:
         """The runs of one host's object: none if it is gone or is not one a committer

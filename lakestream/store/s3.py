@@ -267,13 +267,14 @@ class S3Store:
     def get_buffer(self, key: str, size: int) -> Buffer:
         """See ``ObjectStore.get_buffer``: received into a block of the process's buffer
         pool (``store/s3direct.py``), else the client's own buffer, never a copy of it."""
+        key = check_key(key)
         try:
             with cpu_slots().waiting():
                 if self.direct is not None:
-                    out = self.direct.get_buffer(check_key(key), size)
+                    out = self.direct.get_buffer(key, size)
                     if out is not None:
                         return out
-                return obstore.get_range(self._store, check_key(key), start=0, end=size + 1)
+                return obstore.get_range(self._store, key, start=0, end=size + 1)
         except (_ObError, OSError) as e:
             if size == 0 and ("416" in str(e) or "InvalidRange" in str(e)):
                 return b""
