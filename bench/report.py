@@ -673,7 +673,9 @@ def _s3cache_section(r: dict[str, Any]) -> list[str]:
            "and from it through a `DiskCache` on the local disk (`direct`: around "
            "the page cache, the default; and through it). This 2-core machine, "
            f"`python -m bench.s3cache --reps {r['reps']}`, `bench/results/s3cache.json`; "
-           "median repetition (min-max), ratios per repetition against tmpfs's same pass:", "",
+           "each repetition starts one configuration further along the list (the server shares "
+           "the cores, and a process that follows its idle seconds pays more); median "
+           "repetition (min-max), ratios per repetition against tmpfs's same pass:", "",
            "| configuration | pass | GB/s | x tmpfs | CPU-s per GB | CPU x tmpfs | "
            "fragment GETs |", "| --- | --- | --- | --- | --- | --- | --- |"]
     rows = {(x["config"], x["pass"]): x for x in r["rows"]}
@@ -692,6 +694,17 @@ def _s3cache_section(r: dict[str, Any]) -> list[str]:
                 f"{_target(s3['cpu_vs_tmpfs'] <= 1.3)}"
                 + ("" if ("s3", 2) not in rows else
                    f" (pass 2: {span(rows['s3', 2], 'cpu_vs_tmpfs')}x)") + "."]
+    longer = _load("s3cache-192")
+    if isinstance(longer, dict):
+        by = {(x["config"], x["pass"]): x for x in longer["rows"]}
+        if ("s3", 1) in by and ("s3", 2) in by:
+            out += ["", f"A stream four times as long ({longer['batches']} batches, "
+                    f"`python -m bench.s3cache --reps {longer['reps']} --batches "
+                    f"{longer['batches']} --only s3 \"s3, client reads\" --out "
+                    "s3cache-192.json`): CPU per GB from S3 "
+                    f"{span(by['s3', 1], 'cpu_vs_tmpfs')}x tmpfs's in pass 1, "
+                    f"{span(by['s3', 2], 'cpu_vs_tmpfs')}x in pass 2: the gap is not a "
+                    "short pass's fixed costs."]
     return out + [""]
 
 

@@ -3,8 +3,9 @@ the defaults with a null consumer, from tmpfs, from a SeaweedFS server on 127.0.
 that server through a host disk cache (``DiskCache``, on the local disk), through the page
 cache and around it (``direct=True``).
 
-Usage: .venv/bin/python -m bench.s3cache [--reps 3] [--batches 48] [--only s3 ...]
-Writes bench/results/s3cache.json and .png.
+Usage: .venv/bin/python -m bench.s3cache [--reps 5] [--batches 48] [--only s3 ...]
+    [--out s3cache.json]
+Writes bench/results/s3cache.json (or ``--out``) and a PNG beside it.
 
 The same stream (batches of 64 raw 224x224x3 ``uint8`` images in a tensor column, one
 fragment a batch) is written once on tmpfs and copied key for key to the server. Each
@@ -16,8 +17,12 @@ through the S3 client's own buffers (``lakestream_direct_reads=false``). The def
 cache (``direct``) is also run on tmpfs (where it goes through the page cache): the cache's
 own cost, apart from its disk's; and the disk's own rate of reading the cache's entries
 around the page cache is measured after the last repetition. Repetition r
-of every configuration runs before repetition r + 1 of any; each figure is the median
-repetition with its min-max.
+of every configuration runs before repetition r + 1 of any, each repetition starting one
+configuration further along the list: the server shares the 2 cores, and a process that
+follows a few seconds in which it served nothing (the tmpfs run) spent up to a third more
+CPU per GB than one that followed another's reads (0.76-1.02 against 0.62-0.82 CPU-s per
+GB over 9 runs of the same process), so no configuration always takes that turn. Each
+figure is the median repetition with its min-max.
 """
 
 from __future__ import annotations
@@ -115,10 +120,11 @@ def _copy(src: str, dst: str, options: dict[str, str]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--batches", type=int, default=48)
     ap.add_argument("--only", nargs="*", default=[],
                     help="configurations to run beside tmpfs (default: all)")
+    ap.add_argument("--out", default="s3cache.json", help="file name under bench/results/")
     args = ap.parse_args()
     from bench import gpu
     from tests.s3server import BUCKET, start_s3
@@ -143,8 +149,10 @@ def main() -> None:
         configs = {k: v for k, v in every.items() if k == "tmpfs" or not args.only
                    or k in args.only}
         runs: dict[str, list[list[dict[str, Any]]]] = {k: [] for k in configs}
+        names = list(configs)
         for rep in range(args.reps):
-            for name, (uri, opts, cache) in configs.items():
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
+                uri, opts, cache = configs[name]
                 if cache is not None:
                     shutil.rmtree(cache.removesuffix("+direct"), ignore_errors=True)
                 runs[name].append(_run(uri, opts, cache, args.batches))
@@ -176,8 +184,8 @@ def main() -> None:
               "cpu_vs_tmpfs_min": min(cpu), "cpu_vs_tmpfs_max": max(cpu)}
     result = {"batches": args.batches, "batch_bytes": BATCH_BYTES, "reps": args.reps,
               "rows": rows, "disk_read": disk_read}
-    save("s3cache.json", result)
-    _plot(rows, RESULTS / "s3cache.png")
+    save(args.out, result)
+    _plot(rows, RESULTS / Path(args.out).with_suffix(".png").name)
     for r in rows:
         print(f"{r['config']:>16} pass {r['pass']}: {r['gb_per_s']:.2f} GB/s "
               f"({r['gb_per_s_min']:.2f}-{r['gb_per_s_max']:.2f}) = {r['rate_vs_tmpfs']:.2f}x "

@@ -64,6 +64,24 @@ def buffer_pool() -> BufferPool:
     return _POOL
 
 
+def whole_pages(data: object, nbytes: int) -> memoryview | None:
+    """``nbytes`` bytes of memory from ``data``'s first byte, where ``data`` is a contiguous
+    array starting at a page of a mapped block (the pool's) that holds that many from there:
+    what a direct write of ``data`` moves (whole pages, the last one past its end) without a
+    copy into an aligned block first. None for anything else."""
+    if not isinstance(data, np.ndarray) or not data.flags.c_contiguous:
+        return None
+    base = data.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not isinstance(base, memoryview) or not isinstance(base.obj, mmap.mmap):
+        return None
+    at = data.ctypes.data - np.frombuffer(base, np.uint8).ctypes.data
+    if data.ctypes.data % mmap.PAGESIZE or at + nbytes > len(base):
+        return None
+    return base[at:at + nbytes]
+
+
 def read_file(fd: int, size: int, block: int = 0) -> np.ndarray | bytes:
     """The first ``size`` bytes of the open file ``fd``, read (``preadv``) into a block of
     the process's pool of ``block`` bytes (at least ``size``: a direct read moves whole

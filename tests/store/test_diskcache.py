@@ -23,6 +23,7 @@ from zlib_ng import zlib_ng
 import lakestream
 from lakestream.loaders import DiskCache, Source, StreamDataset
 from lakestream.producers import Producer
+from lakestream.store.pool import buffer_pool
 from lakestream.store.s3 import S3Store
 from tests.helpers import SCHEMA, rows
 from tests.s3server import BUCKET
@@ -84,6 +85,33 @@ def test_a_fragment_is_fetched_once_then_served_from_disk(where: tuple[Path, boo
     assert _fetch(cache, other, loads) == other and loads == [1, 1]
     [entry] = [p for p in _entries(folder) if p.name.endswith(f"-{zlib_ng.crc32(body):08x}")]
     assert entry.read_bytes() == body  # whole, cut to its size after a direct write
+
+
+def test_a_fetched_pool_block_is_written_around_the_page_cache_as_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fragment fetched into a pool block (S3's direct reads, a local read) is written from
+    that block, whole pages past its end cut off after: no copy into an aligned block, which
+    cost 0.17-0.30 CPU-s per GB against 0.03 written as it is."""
+    from lakestream.store import diskcache
+
+    body = os.urandom(3 * 4096 + 123)
+    block = buffer_pool().array(len(body) + 1)
+    block[:] = 0xAB  # what the block's tail holds must not reach the entry
+    data = block[:len(body)]
+    data[:] = np.frombuffer(body, np.uint8)
+
+    def no_block(nbytes: int) -> Any:
+        raise AssertionError(f"copied into a block of {nbytes} bytes")
+
+    monkeypatch.setattr(diskcache.buffer_pool(), "array", no_block)
+    cache = DiskCache(str(tmp_path), 1 << 20)
+    if not cache.direct:
+        pytest.skip("no O_DIRECT on this host")
+    got = cache.fetch(STORE, "data/p/a.parquet", len(body), zlib_ng.crc32(body),
+                      lambda: data, _checker(body))
+    assert bytes(memoryview(got).cast("B")) == body
+    (entry,) = _entries(tmp_path)
+    assert entry.read_bytes() == body
 
 
 @pytest.mark.parametrize("direct", [False, True])

@@ -1,14 +1,16 @@
 """The buffer pool a reader fills: a block comes back only once nothing made from it lives,
-a forked worker's pool is its own, and the pool keeps no more than its bound."""
+a forked worker's pool is its own, the pool keeps no more than its bound, and an array at the
+start of a block extends to the pages behind it (what a direct write moves)."""
 
 from __future__ import annotations
 
 import gc
 import os
 
+import numpy as np
 import torch
 
-from lakestream.store.pool import BufferPool
+from lakestream.store.pool import BufferPool, whole_pages
 
 
 def test_a_block_is_handed_out_again_only_once_every_view_of_it_is_gone() -> None:
@@ -58,3 +60,18 @@ def test_the_pool_keeps_no_more_free_bytes_than_its_bound() -> None:
     gc.collect()
     again = [pool.array(1 << 12) for _ in range(5)]
     assert sorted(int(b[0]) for b in again) == [0, 0, 9, 9, 9]
+
+
+def test_whole_pages_extends_an_array_at_the_start_of_a_block_to_what_the_block_holds() -> None:
+    pool = BufferPool()
+    block = pool.array(3 * 4096 + 1)  # four pages
+    data = block[:5000]
+    view = whole_pages(data, 2 * 4096)
+    assert view is not None and len(view) == 2 * 4096
+    assert np.frombuffer(view, np.uint8).ctypes.data == data.ctypes.data  # the same memory
+    assert whole_pages(data, 4 * 4096) is not None
+    assert whole_pages(data, 4 * 4096 + 1) is None  # past the block
+    assert whole_pages(block[1:5000], 4096) is None  # not at a page
+    assert whole_pages(np.zeros(5000, np.uint8), 8192) is None  # not a mapped block
+    assert whole_pages(block[::2], 4096) is None  # not contiguous
+    assert whole_pages(bytes(5000), 8192) is None
