@@ -197,6 +197,33 @@ def test_a_body_in_small_pieces_is_received_whole_without_waiting_past_its_end(
         assert time.monotonic() - t0 < 2.5  # a wait past the body would last the timeout
 
 
+def test_body_bytes_the_reply_s_reader_took_with_the_headers_are_kept(
+        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The headers are read through a buffered reader, which may take much of the body with
+    them where the interpreter's buffers are large: those bytes come first, then the socket's.
+    Taken 64 KiB of them only, the rest was skipped (wrong bytes, or a wait for bytes that had
+    already come)."""
+    import io
+    import socket
+
+    from lakestream.store import s3direct
+
+    monkeypatch.setattr(io, "DEFAULT_BUFFER_SIZE", 1 << 20)  # the reply's reader: 1 MiB
+    real = s3direct._connect
+
+    def connect(url: Any, timeout: float) -> Any:
+        conn = real(url, timeout)  # the headers' read waits for 512 KiB: taken with them
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 512 << 10)
+        return conn
+
+    monkeypatch.setattr(s3direct, "_connect", connect)
+    reads = _reads(server)
+    out = reads.get_buffer("plain/k", len(BODY))
+    assert out is not None and bytes(out) == BODY
+    out = reads.get_buffer("plain/k", len(BODY))  # the connection kept, its reader empty
+    assert out is not None and bytes(out) == BODY and reads.reads == 2
+
+
 def test_answers_not_taken_are_left_to_the_client(server: str) -> None:
     reads = _reads(server)
     assert reads.get_buffer("chunked/k", 100) is None  # no length: the client reads it
