@@ -68,10 +68,11 @@ class DiskCache:
     ``direct`` (the default): entries are written and read around the page cache
     (``O_DIRECT``, where the file system allows; through it elsewhere, tmpfs say). Filling
     pages of the page cache cost 2.3 CPU-s per GB on this project's VMs; around it, two
-    passes over S3 through the cache spent 2.09 and 0.57 CPU-s per GB, through it 5.3 and
-    1.1, and the second pass ran at 0.88x tmpfs's rate against 0.52x
-    (``bench/s3cache.py``). ``direct=False`` leaves the files to the page cache, for a host
-    whose spare memory holds the whole cache."""
+    passes over S3 through the cache spent 0.78 and 0.30 CPU-s per GB, through it 2.49 and
+    0.34, and the second pass ran at 0.70x tmpfs's rate (the disk's pace: 1.2 GB/s on this
+    VM) against 1.13x, where spare memory held every file (``bench/s3cache.py``, 2 cores).
+    ``direct=False`` leaves the files to the page cache, for a host whose spare memory holds
+    the whole cache."""
 
     def __init__(self, root: str, limit: int, *, direct: bool = True) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:

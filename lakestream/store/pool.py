@@ -66,20 +66,22 @@ def buffer_pool() -> BufferPool:
 
 def whole_pages(data: object, nbytes: int) -> memoryview | None:
     """``nbytes`` bytes of memory from ``data``'s first byte, where ``data`` is a contiguous
-    array starting at a page of a mapped block (the pool's) that holds that many from there:
-    what a direct write of ``data`` moves (whole pages, the last one past its end) without a
-    copy into an aligned block first. None for anything else."""
+    array starting at a page of a mapped block (a pool's, or any other ``mmap``) that holds
+    that many from there: what a direct write of ``data`` moves (whole pages, the last one
+    past its end) without a copy into an aligned block first. None for anything else."""
     if not isinstance(data, np.ndarray) or not data.flags.c_contiguous:
         return None
     base = data.base
     while isinstance(base, np.ndarray):
         base = base.base
-    if not isinstance(base, memoryview) or not isinstance(base.obj, mmap.mmap):
+    if not isinstance(base, memoryview) or not isinstance(base.obj, mmap.mmap) \
+            or not base.c_contiguous:
         return None
-    at = data.ctypes.data - np.frombuffer(base, np.uint8).ctypes.data
-    if data.ctypes.data % mmap.PAGESIZE or at + nbytes > len(base):
+    block = base.cast("B") if base.format != "B" else base
+    at = data.ctypes.data - np.frombuffer(block, np.uint8).ctypes.data
+    if data.ctypes.data % mmap.PAGESIZE or at < 0 or at + nbytes > block.nbytes:
         return None
-    return base[at:at + nbytes]
+    return block[at:at + nbytes]
 
 
 def read_file(fd: int, size: int, block: int = 0) -> np.ndarray | bytes:

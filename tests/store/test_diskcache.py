@@ -103,14 +103,25 @@ def test_a_fetched_pool_block_is_written_around_the_page_cache_as_it_is(
     def no_block(nbytes: int) -> Any:
         raise AssertionError(f"copied into a block of {nbytes} bytes")
 
+    try:
+        os.close(os.open(tmp_path / "probe", os.O_CREAT | os.O_WRONLY | diskcache._DIRECT))
+    except (OSError, TypeError):
+        pytest.skip("no O_DIRECT on this host's temporary folder")
+    writes: list[tuple[int, int]] = []
+    real_pwrite = os.pwrite
+
+    def pwrite(fd: int, buf: Any, at: int) -> int:
+        writes.append((np.frombuffer(buf, np.uint8).ctypes.data, memoryview(buf).nbytes))
+        return real_pwrite(fd, buf, at)
+
     monkeypatch.setattr(diskcache.buffer_pool(), "array", no_block)
-    cache = DiskCache(str(tmp_path), 1 << 20)
-    if not cache.direct:
-        pytest.skip("no O_DIRECT on this host")
+    monkeypatch.setattr(diskcache.os, "pwrite", pwrite)
+    cache = DiskCache(str(tmp_path / "cache"), 1 << 20)
     got = cache.fetch(STORE, "data/p/a.parquet", len(body), zlib_ng.crc32(body),
                       lambda: data, _checker(body))
     assert bytes(memoryview(got).cast("B")) == body
-    (entry,) = _entries(tmp_path)
+    assert writes == [(data.ctypes.data, diskcache._padded(len(body)))]  # one direct write
+    (entry,) = _entries(tmp_path / "cache")
     assert entry.read_bytes() == body
 
 

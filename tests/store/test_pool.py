@@ -5,6 +5,7 @@ start of a block extends to the pages behind it (what a direct write moves)."""
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 
 import numpy as np
@@ -63,15 +64,21 @@ def test_the_pool_keeps_no_more_free_bytes_than_its_bound() -> None:
 
 
 def test_whole_pages_extends_an_array_at_the_start_of_a_block_to_what_the_block_holds() -> None:
+    page = mmap.PAGESIZE
     pool = BufferPool()
-    block = pool.array(3 * 4096 + 1)  # four pages
-    data = block[:5000]
-    view = whole_pages(data, 2 * 4096)
-    assert view is not None and len(view) == 2 * 4096
+    block = pool.array(3 * page + 1)  # four pages
+    data = block[:page + 100]
+    view = whole_pages(data, 2 * page)
+    assert view is not None and view.nbytes == 2 * page
     assert np.frombuffer(view, np.uint8).ctypes.data == data.ctypes.data  # the same memory
-    assert whole_pages(data, 4 * 4096) is not None
-    assert whole_pages(data, 4 * 4096 + 1) is None  # past the block
-    assert whole_pages(block[1:5000], 4096) is None  # not at a page
-    assert whole_pages(np.zeros(5000, np.uint8), 8192) is None  # not a mapped block
-    assert whole_pages(block[::2], 4096) is None  # not contiguous
-    assert whole_pages(bytes(5000), 8192) is None
+    assert whole_pages(data, 4 * page) is not None
+    assert whole_pages(data, 4 * page + 1) is None  # past the block
+    assert whole_pages(block[1:page], page) is None  # not at a page
+    assert whole_pages(np.zeros(page + 100, np.uint8), 2 * page) is None  # not a mapped block
+    assert whole_pages(block[::2], page) is None  # not contiguous
+    assert whole_pages(bytes(page + 100), 2 * page) is None
+    words = mmap.mmap(-1, 4 * page)  # a view of it by 4-byte items: counted in bytes all the same
+    ints = np.frombuffer(memoryview(words).cast("I"), np.uint32)
+    assert whole_pages(ints[page // 4:], 3 * page).nbytes == 3 * page  # type: ignore[union-attr]
+    assert whole_pages(ints[page // 4:], 3 * page + 1) is None
+    del ints
