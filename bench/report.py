@@ -694,17 +694,23 @@ def _s3cache_section(r: dict[str, Any]) -> list[str]:
                 f"{_target(s3['cpu_vs_tmpfs'] <= 1.3)}"
                 + ("" if ("s3", 2) not in rows else
                    f" (pass 2: {span(rows['s3', 2], 'cpu_vs_tmpfs')}x)") + "."]
+    disk = r.get("disk_read")
+    if disk and disk.get("threads"):
+        out += ["", f"After the run the disk read the direct cache's entries around the page "
+                f"cache at {disk['gb_per_s']:.2f} GB/s ({disk['threads']} threads, each file "
+                "in one read into a block of the buffer pool, as the cache reads them): the "
+                "most a pass through that cache can reach."]
     longer = _load("s3cache-192")
     if isinstance(longer, dict):
         by = {(x["config"], x["pass"]): x for x in longer["rows"]}
         if ("s3", 1) in by and ("s3", 2) in by:
-            out += ["", f"A stream four times as long ({longer['batches']} batches, "
+            out += ["", f"A stream {longer['batches'] / r['batches']:.0f} times as long "
+                    f"({longer['batches']} batches, "
                     f"`python -m bench.s3cache --reps {longer['reps']} --batches "
                     f"{longer['batches']} --only s3 \"s3, client reads\" --out "
                     "s3cache-192.json`): CPU per GB from S3 "
                     f"{span(by['s3', 1], 'cpu_vs_tmpfs')}x tmpfs's in pass 1, "
-                    f"{span(by['s3', 2], 'cpu_vs_tmpfs')}x in pass 2: the gap is not a "
-                    "short pass's fixed costs."]
+                    f"{span(by['s3', 2], 'cpu_vs_tmpfs')}x in pass 2."]
     return out + [""]
 
 
