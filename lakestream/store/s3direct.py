@@ -34,16 +34,14 @@ from lakestream.store.pool import buffer_pool
 
 MAX_FAILURES = 3
 """Transport failures in a row after which a store stops reading directly."""
-WAKE_BYTES = 4 << 20
+WAKE_BYTES = 1 << 20
 """Bytes a receiving thread waits for before it is woken (``SO_RCVLOWAT``, plain TCP only:
-TLS records are read in pieces of their own; the kernel grows the socket's buffer to hold
-them, caps the wait at half its largest (``net.ipv4.tcp_rmem``: 3 MiB by default), and
-wakes the thread sooner under memory pressure). Woken per segment instead, the
-thread spent a third more CPU per GB (0.30 against 0.22 CPU-s per GB, 9.6 MB GETs at 4
-threads, SeaweedFS on 127.0.0.1): a wake-up, a GIL hand-off and a system call per 64 KiB.
-Per 4 MiB rather than per MiB, a pass of raw images from S3 at the defaults spent 0.51
-against 0.545 CPU-s per GB (medians of 6 alternating processes, 2 cores): each wake-up also
-opens the window, and on 127.0.0.1 the server's sends that follow run in this thread."""
+TLS records are read in pieces of their own). Woken per segment instead, the thread spent a
+third more CPU per GB (0.30 against 0.22 CPU-s per GB, 9.6 MB GETs at 4 threads, SeaweedFS on
+127.0.0.1): a wake-up, a GIL hand-off and a system call per 64 KiB. Per 4 MiB, one pass of
+raw images from S3 at the defaults cost 0.51 against 0.545 CPU-s per GB and another 0.54
+against 0.53, and one read thread fell from 0.76 to 0.64 GB/s: its copy no longer overlaps
+the server's sending (2 cores, alternating processes)."""
 _LOWAT: int = getattr(socket, "SO_RCVLOWAT", 0) if sys.platform == "linux" else 0
 _BUFFERED_PIECE = 64 << 10
 """What is taken at a time from the reply's buffered reader (the body's first bytes, read with
