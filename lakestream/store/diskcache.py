@@ -68,11 +68,11 @@ class DiskCache:
     ``direct`` (the default): entries are written and read around the page cache
     (``O_DIRECT``, where the file system allows; through it elsewhere, tmpfs say). Filling
     pages of the page cache cost 2.3 CPU-s per GB on this project's VMs; around it, two
-    passes over S3 through the cache spent 0.99 and 0.32 CPU-s per GB, through it 2.05 and
-    0.34, and the second pass ran at 0.73x tmpfs's rate (the disk's pace: 2.1 GB/s on this
-    VM) against 1.16x, where spare memory held every file (``bench/s3cache.py``, 2 cores).
-    ``direct=False`` leaves the files to the page cache, for a host whose spare memory holds
-    the whole cache."""
+    passes over S3 through the cache spent 0.80 and 0.30 CPU-s per GB, through it 1.57 and
+    0.32, and the second pass ran at 0.65x tmpfs's rate (the disk's pace: 2.1-2.4 GB/s on
+    this VM) against 1.15x, where spare memory held every file (``bench/s3cache.py``, 2
+    cores). ``direct=False`` leaves the files to the page cache, for a host whose spare
+    memory holds the whole cache."""
 
     def __init__(self, root: str, limit: int, *, direct: bool = True) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
