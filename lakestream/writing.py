@@ -25,8 +25,7 @@ from lakestream.store.base import ObjectStore
 
 __all__ = ["MAX_FRAGMENTS_PER_ENTRY", "MAX_STATE_BYTES", "CommitOptions", "CommitResult", "Fence",
            "HostRuns", "ObjectStore", "PooledRuns", "Progress", "Published", "Run", "appending",
-           "check_group",
-           "check_int", "check_producer_id", "check_rows", "check_state", "conform",
+           "check_group", "check_int", "check_producer_id", "check_rows", "check_state", "conform",
            "encode_fragment", "failpoint", "fencing", "fragment_key", "is_remote",
            "oversized_sample", "put_fragment", "read_progress", "refuse_if_fenced",
            "refuse_if_sealed", "row_group_target", "sharing", "warm_conversion"]
